@@ -1,0 +1,3 @@
+//! Benchmarks and load generators (issue 6 grows this into `smbdirectd bench`).
+
+pub mod protocol_loopback;

@@ -1,0 +1,1 @@
+//! Control plane: connection arrival, negotiation decisions, Storage QoS flow table (issues 4, 5).

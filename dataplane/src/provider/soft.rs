@@ -1,0 +1,1 @@
+//! Embedded software RDMA provider (being written).

@@ -1,0 +1,109 @@
+//! NTSTATUS values ([MS-ERREF] 2.3) used by [MS-SMBD], [MS-SQOS] and SMB2.
+//! Add a value here (one place) rather than spelling a literal elsewhere.
+
+/// An NTSTATUS code.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NtStatus(pub u32);
+
+impl NtStatus {
+    /// Severity field (top two bits): 3 = STATUS_SEVERITY_ERROR ([MS-ERREF] 2.3).
+    pub const fn severity(self) -> u32 {
+        self.0 >> 30
+    }
+    /// True when the severity is STATUS_SEVERITY_ERROR.
+    pub const fn is_error(self) -> bool {
+        self.severity() == 3
+    }
+    /// Symbolic name, if this crate knows it.
+    pub fn name(self) -> Option<&'static str> {
+        KNOWN.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+
+impl core::fmt::Debug for NtStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n}(0x{:08X})", self.0),
+            None => write!(f, "NTSTATUS(0x{:08X})", self.0),
+        }
+    }
+}
+
+impl core::fmt::Display for NtStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(self, f)
+    }
+}
+
+macro_rules! statuses {
+    ($($(#[$m:meta])* $name:ident = $val:expr;)*) => {
+        $( $(#[$m])* pub const $name: NtStatus = NtStatus($val); )*
+        const KNOWN: &[(NtStatus, &str)] = &[$(($name, stringify!($name))),*];
+    };
+}
+
+statuses! {
+    /// Success.
+    STATUS_SUCCESS = 0x0000_0000;
+    /// [MS-SMBD] 3.1.5.6: version range without 0x0100; SMB2 unsupported ops.
+    STATUS_NOT_SUPPORTED = 0xC000_00BB;
+    /// [MS-SMBD] note <5>; resource exhaustion.
+    STATUS_INSUFFICIENT_RESOURCES = 0xC000_009A;
+    /// Invalid parameter.
+    STATUS_INVALID_PARAMETER = 0xC000_000D;
+    /// [MS-SQOS] 3.2.5.1: request on an open that is not a file/volume.
+    STATUS_INVALID_DEVICE_REQUEST = 0xC000_0010;
+    /// [MS-SQOS] 3.2.5.1: unsupported protocol version.
+    STATUS_REVISION_MISMATCH = 0xC000_0059;
+    /// [MS-SQOS] 3.2.5.1.x: flow not found.
+    STATUS_NOT_FOUND = 0xC000_0225;
+    /// Buffer too small.
+    STATUS_BUFFER_TOO_SMALL = 0xC000_0023;
+    /// SMB2: unknown command / invalid request.
+    STATUS_INVALID_DEVICE_STATE = 0xC000_0184;
+    /// SMB2 access denied.
+    STATUS_ACCESS_DENIED = 0xC000_0022;
+    /// SMB2 logon failure.
+    STATUS_LOGON_FAILURE = 0xC000_006D;
+    /// SMB2 end of file.
+    STATUS_END_OF_FILE = 0xC000_0011;
+    /// SMB2 object name not found.
+    STATUS_OBJECT_NAME_NOT_FOUND = 0xC000_0034;
+    /// SMB2 object name collision.
+    STATUS_OBJECT_NAME_COLLISION = 0xC000_0035;
+    /// SMB2 file closed / invalid handle.
+    STATUS_FILE_CLOSED = 0xC000_0128;
+    /// SMB2 disk full.
+    STATUS_DISK_FULL = 0xC000_007F;
+    /// SMB2 network name deleted / bad share.
+    STATUS_BAD_NETWORK_NAME = 0xC000_00CC;
+    /// SMB2 user session deleted.
+    STATUS_USER_SESSION_DELETED = 0xC000_0203;
+    /// SMB2 network session expired / invalid tree.
+    STATUS_NETWORK_NAME_DELETED = 0xC000_00C9;
+    /// SMB2: request not accepted (credits / connection limits).
+    STATUS_REQUEST_NOT_ACCEPTED = 0xC000_00D0;
+    /// SMB2 more processing required (SESSION_SETUP continuation).
+    STATUS_MORE_PROCESSING_REQUIRED = 0xC000_0016;
+    /// Cancelled.
+    STATUS_CANCELLED = 0xC000_0120;
+    /// Connection disconnected.
+    STATUS_CONNECTION_DISCONNECTED = 0xC000_020C;
+    /// I/O timeout.
+    STATUS_IO_TIMEOUT = 0xC000_00B5;
+    /// Invalid network response.
+    STATUS_INVALID_NETWORK_RESPONSE = 0xC000_00C3;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn severity_error_is_detected() {
+        assert!(STATUS_NOT_SUPPORTED.is_error());
+        assert!(STATUS_INSUFFICIENT_RESOURCES.is_error());
+        assert!(!STATUS_SUCCESS.is_error());
+        assert_eq!(format!("{:?}", STATUS_NOT_FOUND), "STATUS_NOT_FOUND(0xC0000225)");
+    }
+}

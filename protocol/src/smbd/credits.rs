@@ -1,0 +1,156 @@
+//! Credit accounting ([MS-SMBD] 3.1.1.1, 3.1.5.1, 3.1.5.8, 3.1.5.9).
+//!
+//! The spec's Connection.ReceiveCredits counts posted receives, but a receive
+//! posted by 3.1.5.9 is only usable by the peer once a message announcing it
+//! (CreditsGranted) has been sent. We therefore keep both numbers:
+//! `recv_posted` (= Connection.ReceiveCredits) and `peer_credits`, the posted
+//! receives the peer has been told about and not yet consumed. The
+//! difference is what the next outgoing message grants. See
+//! docs/spec-notes.md, "Receive credits: posted versus granted".
+//!
+//! All counters are owned by the connection's worker thread: lock-free by
+//! ownership.
+
+/// Posts receive buffers on behalf of the connection ([MS-SMBD] 3.1.5.9
+/// "allocate and post ... receive of size Connection.MaxReceiveSize"). The
+/// data plane implements it over its buffer pool and queue pair; it returns
+/// how many it actually posted (fewer when the pool is short).
+pub trait ReceivePoster {
+    /// Posts up to `want` receives; returns the number posted.
+    fn post_receives(&mut self, want: u16) -> u16;
+}
+
+/// A poster with an unlimited supply, counting what it posted (tests, and
+/// callers that account buffers elsewhere).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CountingPoster {
+    /// Receives posted so far.
+    pub posted: u64,
+    /// If set, the most it will post in total (exhaustion tests).
+    pub limit: Option<u64>,
+}
+
+impl ReceivePoster for CountingPoster {
+    fn post_receives(&mut self, want: u16) -> u16 {
+        let allowed = match self.limit {
+            Some(l) => (l.saturating_sub(self.posted)).min(want as u64) as u16,
+            None => want,
+        };
+        self.posted += allowed as u64;
+        allowed
+    }
+}
+
+/// Per-connection credit state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Credits {
+    /// Connection.SendCredits: messages we may still send.
+    pub send_credits: u16,
+    /// Connection.SendCreditTarget: what we ask the peer to let us hold.
+    pub send_credit_target: u16,
+    /// Connection.ReceiveCreditMax.
+    pub receive_credit_max: u16,
+    /// Connection.ReceiveCreditTarget: the peer's latest CreditsRequested.
+    pub receive_credit_target: u16,
+    /// Connection.ReceiveCredits: receives currently posted.
+    pub recv_posted: u16,
+    /// Posted receives the peer knows about and has not consumed: the peer's
+    /// SendCredits as far as we can tell.
+    pub peer_credits: u16,
+}
+
+impl Credits {
+    /// How many receives we aim to keep posted: the peer's request, capped
+    /// by our maximum, and never less than one.
+    pub fn receive_target(&self) -> u16 {
+        self.receive_credit_target.min(self.receive_credit_max).max(1)
+    }
+
+    /// Posted receives not yet announced to the peer.
+    pub fn unannounced(&self) -> u16 {
+        self.recv_posted.saturating_sub(self.peer_credits)
+    }
+
+    /// Below this many credits the peer gets an unsolicited grant after it
+    /// sent us data (half the target: refills in bulk, never ping-pongs).
+    pub fn low_watermark(&self) -> u16 {
+        self.receive_target() / 2
+    }
+
+    /// [MS-SMBD] 3.1.5.9: post receives to bring the posted count up to the
+    /// target. `need_one` forces at least one new receive (ReceiveCredits is
+    /// zero, or our last send credit is about to be spent and nothing is
+    /// left to grant). Returns the number newly posted.
+    pub fn top_up<P: ReceivePoster + ?Sized>(&mut self, poster: &mut P, need_one: bool) -> u16 {
+        let mut want = self.receive_target().saturating_sub(self.recv_posted);
+        if want == 0 && (need_one || self.recv_posted == 0) {
+            want = 1;
+        }
+        // Never post more than ReceiveCreditMax + 1 (the one extra is the
+        // last-credit grant of 3.1.5.9) nor overflow the counter.
+        let ceiling = self.receive_credit_max.saturating_add(1);
+        want = want.min(ceiling.saturating_sub(self.recv_posted));
+        if want == 0 {
+            return 0;
+        }
+        let posted = poster.post_receives(want).min(want);
+        self.recv_posted += posted;
+        posted
+    }
+
+    /// Announces every unannounced receive: the CreditsGranted value of the
+    /// message about to be sent.
+    pub fn take_grant(&mut self) -> u16 {
+        let g = self.unannounced();
+        self.peer_credits += g;
+        g
+    }
+
+    /// A message arrived: it consumed one posted receive. Returns false when
+    /// no receive was posted (the provider would have reported RNR).
+    pub fn on_receive(&mut self) -> bool {
+        if self.recv_posted == 0 {
+            return false;
+        }
+        self.recv_posted -= 1;
+        // A peer that used a posted-but-unannounced receive (peer_credits
+        // already 0) is tolerated: the buffer was there, as on hardware.
+        self.peer_credits = self.peer_credits.saturating_sub(1).min(self.recv_posted);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_up_posts_to_target_and_grant_announces_them() {
+        let mut c = Credits { receive_credit_max: 255, receive_credit_target: 10, ..Default::default() };
+        let mut p = CountingPoster::default();
+        assert_eq!(c.top_up(&mut p, false), 10);
+        assert_eq!(c.take_grant(), 10);
+        assert_eq!(c.top_up(&mut p, false), 0);
+        assert_eq!(c.take_grant(), 0);
+        assert!(c.on_receive());
+        assert_eq!((c.recv_posted, c.peer_credits), (9, 9));
+        assert_eq!(c.top_up(&mut p, false), 1);
+        assert_eq!(c.take_grant(), 1);
+    }
+
+    #[test]
+    fn top_up_is_capped_by_receive_credit_max_plus_one() {
+        let mut c = Credits { receive_credit_max: 4, receive_credit_target: 65535, ..Default::default() };
+        let mut p = CountingPoster::default();
+        assert_eq!(c.top_up(&mut p, false), 4);
+        assert_eq!(c.top_up(&mut p, true), 1);
+        assert_eq!(c.top_up(&mut p, true), 0);
+        assert_eq!(c.recv_posted, 5);
+    }
+
+    #[test]
+    fn receive_with_nothing_posted_is_refused() {
+        let mut c = Credits::default();
+        assert!(!c.on_receive());
+    }
+}

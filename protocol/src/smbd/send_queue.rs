@@ -1,0 +1,112 @@
+//! Connection.SendQueue ([MS-SMBD] 3.1.1.1, 3.1.5.1): a strict FIFO of
+//! upper-layer messages awaiting transmission, each with an optional remote
+//! token to invalidate. Fixed capacity, allocated once: a full queue is
+//! backpressure to the upper layer, never growth.
+
+/// One upper-layer message in the queue. The bytes stay with the caller and
+/// are named by `handle`; the connection only tracks how far it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuedMessage {
+    /// Caller's name for the message's bytes.
+    pub handle: u64,
+    /// Total length.
+    pub len: u32,
+    /// Bytes already sent in earlier fragments.
+    pub sent: u32,
+    /// Token to invalidate on the peer with exactly one segment (3.1.5.4).
+    pub invalidate_token: Option<u32>,
+}
+
+/// Bounded FIFO ring.
+#[derive(Debug)]
+pub struct SendQueue {
+    slots: Box<[QueuedMessage]>,
+    head: usize,
+    len: usize,
+}
+
+impl SendQueue {
+    /// A queue of `capacity` messages (allocated here, once).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let empty = QueuedMessage { handle: 0, len: 0, sent: 0, invalidate_token: None };
+        SendQueue { slots: vec![empty; capacity.max(1)].into_boxed_slice(), head: 0, len: 0 }
+    }
+
+    /// Messages queued.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Capacity.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// True when no message can be appended.
+    pub fn is_full(&self) -> bool {
+        self.len == self.slots.len()
+    }
+
+    /// Appends at the tail; gives the message back when full.
+    pub fn push(&mut self, m: QueuedMessage) -> Result<(), QueuedMessage> {
+        if self.is_full() {
+            return Err(m);
+        }
+        let i = (self.head + self.len) % self.slots.len();
+        self.slots[i] = m;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// The head of the queue.
+    pub fn front_mut(&mut self) -> Option<&mut QueuedMessage> {
+        if self.len == 0 {
+            None
+        } else {
+            Some(&mut self.slots[self.head])
+        }
+    }
+
+    /// Removes the head.
+    pub fn pop(&mut self) -> Option<QueuedMessage> {
+        if self.len == 0 {
+            return None;
+        }
+        let m = self.slots[self.head];
+        self.head = (self.head + 1) % self.slots.len();
+        self.len -= 1;
+        Some(m)
+    }
+
+    /// Drops everything (connection teardown); yields the handles so the
+    /// caller can release their buffers.
+    pub fn drain(&mut self) -> impl Iterator<Item = QueuedMessage> + '_ {
+        core::iter::from_fn(move || self.pop())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(handle: u64) -> QueuedMessage {
+        QueuedMessage { handle, len: 1, sent: 0, invalidate_token: None }
+    }
+
+    #[test]
+    fn send_queue_is_fifo_and_bounded() {
+        let mut q = SendQueue::with_capacity(2);
+        q.push(m(1)).unwrap();
+        q.push(m(2)).unwrap();
+        assert_eq!(q.push(m(3)), Err(m(3)));
+        assert_eq!(q.pop().map(|x| x.handle), Some(1));
+        q.push(m(3)).unwrap();
+        assert_eq!(q.drain().map(|x| x.handle).collect::<Vec<_>>(), vec![2, 3]);
+        assert!(q.is_empty());
+    }
+}
