@@ -1,3 +1,4 @@
 //! Benchmarks and load generators (issue 6 grows this into `smbdirectd bench`).
 
+pub mod baseline;
 pub mod protocol_loopback;

@@ -581,7 +581,7 @@ fn example_4_5_rdma_write_of_the_whole_buffer_is_one_operation() {
 }
 
 #[test]
-fn example_4_5_rdma_write_split_at_max_read_write_size_halves_is_trimmed() {
+fn example_4_5_rdma_write_of_the_second_half_trims_the_element() {
     // An upper layer writing the 1 MiB in two 512 KiB halves: the second
     // half's operation starts 512 KiB into the element (first-element
     // trimming of 3.1.4.5).
