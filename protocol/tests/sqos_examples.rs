@@ -9,8 +9,9 @@ use smbdirect_protocol::sqos::server::{
     process_request, LogicalFlowTable, OpenKind, OpenQosState, Policy, PolicyKind, ServerConfig,
 };
 use smbdirect_protocol::sqos::{
-    normalized_io_size, Dialect, FlowStatus, Guid, Options, StorageQosControlRequest, StorageQosControlRequestRepr,
-    StorageQosControlResponse, StorageQosControlResponseRepr, Utf16Name,
+    normalized_io_size, Dialect, FlowStatus, Guid, Options, StorageQosControlRequest,
+    StorageQosControlRequestRepr, StorageQosControlResponse, StorageQosControlResponseRepr,
+    Utf16Name,
 };
 use smbdirect_protocol::time::{Duration, Instant};
 use smbdirect_protocol::WireError;
@@ -129,11 +130,23 @@ fn example_4_2_association_dump_as_printed_is_truncated_and_rejected() {
     assert_eq!(bytes.len(), 96);
     assert!(matches!(
         StorageQosControlRequest::new_checked(&bytes[..]),
-        Err(WireError::Truncated { need: 128, have: 96, .. })
+        Err(WireError::Truncated {
+            need: 128,
+            have: 96,
+            ..
+        })
     ));
     let mut table = LogicalFlowTable::new(ServerConfig::default());
     let mut open = OpenQosState::new();
-    let r = process_request(&mut table, &mut open, OpenKind::File, &bytes, 0, Instant::ZERO, &HashMap::new());
+    let r = process_request(
+        &mut table,
+        &mut open,
+        OpenKind::File,
+        &bytes,
+        0,
+        Instant::ZERO,
+        &HashMap::new(),
+    );
     assert_eq!(r, Err(STATUS_INVALID_PARAMETER));
     assert!(!open.is_associated());
 }
@@ -141,7 +154,8 @@ fn example_4_2_association_dump_as_printed_is_truncated_and_rejected() {
 #[test]
 fn example_4_2_association_request_emits_as_the_dump_with_its_zero_fields() {
     let printed = hex(EX_4_2_ASSOCIATE_AS_PRINTED);
-    let repr = StorageQosControlRequestRepr::new(Dialect::V1_1, Options::SET_LOGICAL_FLOW_ID, flow_id());
+    let repr =
+        StorageQosControlRequestRepr::new(Dialect::V1_1, Options::SET_LOGICAL_FLOW_ID, flow_id());
     let bytes = repr.to_vec();
     assert_eq!(bytes.len(), 128);
     assert_eq!(&bytes[..24], &printed[..24]);
@@ -149,8 +163,20 @@ fn example_4_2_association_request_emits_as_the_dump_with_its_zero_fields() {
 
     let mut table = LogicalFlowTable::new(ServerConfig::default());
     let mut open = OpenQosState::new();
-    let r = process_request(&mut table, &mut open, OpenKind::File, &bytes, 0, Instant::ZERO, &HashMap::new());
-    assert_eq!(r, Ok(None), "4.2 step 4: STATUS_SUCCESS and no output buffer");
+    let r = process_request(
+        &mut table,
+        &mut open,
+        OpenKind::File,
+        &bytes,
+        0,
+        Instant::ZERO,
+        &HashMap::new(),
+    );
+    assert_eq!(
+        r,
+        Ok(None),
+        "4.2 step 4: STATUS_SUCCESS and no output buffer"
+    );
     assert_eq!(open.logical_flow_id(), Some(flow_id()));
 }
 
@@ -172,15 +198,25 @@ fn example_4_2_set_policy_dump_decodes_by_its_bytes() {
     assert_eq!(view.initiator_name_length(), 14);
     assert_eq!(view.initiator_node_name_length(), 72);
     // ... and the names themselves follow the 128-byte fixed part.
-    let at = |off: usize, len: usize| Utf16Name::from_utf16le(&bytes[off..off + len]).unwrap().to_string_lossy();
+    let at = |off: usize, len: usize| {
+        Utf16Name::from_utf16le(&bytes[off..off + len])
+            .unwrap()
+            .to_string_lossy()
+    };
     assert_eq!(at(128, 14), "TEST-VM");
     assert_eq!(at(142, 72), "HYPERV-TEST.ntdev.corp.microsoft.com");
     // Read where the offsets point, as the normative rules say, the names
     // are the zero counter fields and a shifted copy of the real names.
     let repr = StorageQosControlRequestRepr::parse(&view).unwrap();
     assert_eq!(repr.initiator_name.to_string_lossy(), "\0".repeat(7));
-    assert_eq!(repr.initiator_node_name.to_string_lossy(), format!("{}TEST-VMHYPERV-TEST.ntdev.corp.m", "\0".repeat(5)));
-    assert_eq!((repr.bandwidth_limit, repr.kilobyte_count_increment), (0, 0));
+    assert_eq!(
+        repr.initiator_node_name.to_string_lossy(),
+        format!("{}TEST-VMHYPERV-TEST.ntdev.corp.m", "\0".repeat(5))
+    );
+    assert_eq!(
+        (repr.bandwidth_limit, repr.kilobyte_count_increment),
+        (0, 0)
+    );
 }
 
 #[test]
@@ -209,7 +245,10 @@ fn example_4_3_request_dump_decodes_and_round_trips_byte_exact() {
     assert_eq!(bytes.len(), 128);
     let view = StorageQosControlRequest::new_checked(&bytes[..]).unwrap();
     let repr = StorageQosControlRequestRepr::parse(&view).unwrap();
-    assert_eq!(repr.options, Options::PROBE_POLICY | Options::GET_STATUS | Options::UPDATE_COUNTERS);
+    assert_eq!(
+        repr.options,
+        Options::PROBE_POLICY | Options::GET_STATUS | Options::UPDATE_COUNTERS
+    );
     assert_eq!(repr.logical_flow_id, flow_id());
     assert_eq!(repr.policy_id, policy_id());
     assert_eq!(repr.initiator_id, initiator_id());
@@ -217,7 +256,10 @@ fn example_4_3_request_dump_decodes_and_round_trips_byte_exact() {
     assert_eq!(repr.normalized_io_count_increment, 399);
     assert_eq!(repr.latency_increment, 38_223_584);
     assert_eq!(repr.lower_latency_increment, 38_223_584);
-    assert_eq!((repr.bandwidth_limit, repr.kilobyte_count_increment), (0, 0));
+    assert_eq!(
+        (repr.bandwidth_limit, repr.kilobyte_count_increment),
+        (0, 0)
+    );
     assert!(repr.initiator_name.is_empty() && repr.initiator_node_name.is_empty());
     assert_eq!(repr.to_vec(), bytes);
 }
@@ -274,23 +316,55 @@ fn example_4_3_response_emits_as_the_dump_with_maximum_bandwidth_last() {
 /// 4.3's response values.
 #[test]
 fn examples_4_2_and_4_3_replay_through_the_server() {
-    let config = ServerConfig { status_time_to_live: Duration::from_millis(3981), ..ServerConfig::default() };
+    let config = ServerConfig {
+        status_time_to_live: Duration::from_millis(3981),
+        ..ServerConfig::default()
+    };
     let mut table = LogicalFlowTable::new(config);
     let mut policies = HashMap::new();
     policies.insert(
         policy_id(),
-        Policy { kind: PolicyKind::Dedicated, minimum_iops: 0, maximum_iops: 100, maximum_bandwidth: 200 },
+        Policy {
+            kind: PolicyKind::Dedicated,
+            minimum_iops: 0,
+            maximum_iops: 100,
+            maximum_bandwidth: 200,
+        },
     );
     let mut open = OpenQosState::new();
     let now = Instant::ZERO;
 
     // 4.2 steps 3-4.
-    let associate = StorageQosControlRequestRepr::new(Dialect::V1_1, Options::SET_LOGICAL_FLOW_ID, flow_id()).to_vec();
-    assert_eq!(process_request(&mut table, &mut open, OpenKind::File, &associate, 0, now, &policies), Ok(None));
+    let associate =
+        StorageQosControlRequestRepr::new(Dialect::V1_1, Options::SET_LOGICAL_FLOW_ID, flow_id())
+            .to_vec();
+    assert_eq!(
+        process_request(
+            &mut table,
+            &mut open,
+            OpenKind::File,
+            &associate,
+            0,
+            now,
+            &policies
+        ),
+        Ok(None)
+    );
     // 4.2 steps 5-6, the dump's bytes as they are (offsets 104/118 pass
     // 3.2.5.1.2's checks).
     let set_policy = hex(EX_4_2_SET_POLICY);
-    assert_eq!(process_request(&mut table, &mut open, OpenKind::File, &set_policy, 0, now, &policies), Ok(None));
+    assert_eq!(
+        process_request(
+            &mut table,
+            &mut open,
+            OpenKind::File,
+            &set_policy,
+            0,
+            now,
+            &policies
+        ),
+        Ok(None)
+    );
     let flow = table.get(&flow_id()).unwrap();
     assert_eq!(flow.policy_id(), policy_id());
     assert_eq!(flow.initiator_id(), initiator_id());
@@ -299,9 +373,17 @@ fn examples_4_2_and_4_3_replay_through_the_server() {
     // 4.3: PROBE_POLICY is ignored (the Open is associated), counters are
     // added, the status is returned.
     let t = now + Duration::from_secs(1);
-    let response = process_request(&mut table, &mut open, OpenKind::File, &hex(EX_4_3_REQUEST), 96, t, &policies)
-        .unwrap()
-        .expect("GET_STATUS answers with a response");
+    let response = process_request(
+        &mut table,
+        &mut open,
+        OpenKind::File,
+        &hex(EX_4_3_REQUEST),
+        96,
+        t,
+        &policies,
+    )
+    .unwrap()
+    .expect("GET_STATUS answers with a response");
     assert_eq!(response, example_4_3_response_repr());
     let flow = table.get(&flow_id()).unwrap();
     assert_eq!(flow.counters().io_count, 399);

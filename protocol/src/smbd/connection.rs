@@ -30,10 +30,9 @@ use super::negotiation::{
 use super::reassembly::{Fragment, Reassembly};
 use super::send_queue::{QueuedMessage, SendQueue};
 use super::terminate::TerminateReason;
-use super::wire::{DataTransfer, DataTransferRepr, NegotiateResponseRepr, SMB_DIRECT_RESPONSE_REQUESTED};
+use super::wire::{DataTransfer, DataTransferRepr, NegotiateResponseRepr, PayloadError, SMB_DIRECT_RESPONSE_REQUESTED};
 use crate::ntstatus::{self, NtStatus};
 use crate::time::Instant;
-use crate::WireError;
 
 /// Connection.Role ([MS-SMBD] 3.1.1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,17 +512,15 @@ impl Connection {
         if view.credits_requested() == 0 {
             return Err(self.terminate(TerminateReason::DataTransferCreditsRequestedZero));
         }
-        let range = match view.check_payload() {
+        let range = match view.payload_range() {
             Ok(r) => r,
             Err(e) => {
                 let r = match e {
-                    WireError::Malformed { field, .. } if field.starts_with("DataOffset (not") => {
-                        TerminateReason::DataOffsetUnaligned { offset: view.data_offset() }
-                    }
-                    WireError::Malformed { field, .. } if field.starts_with("DataOffset (inside") => {
+                    PayloadError::Unaligned => TerminateReason::DataOffsetUnaligned { offset: view.data_offset() },
+                    PayloadError::InsideHeader => {
                         TerminateReason::DataOffsetInsideHeader { offset: view.data_offset() }
                     }
-                    _ => TerminateReason::DataBeyondMessage {
+                    PayloadError::BeyondMessage => TerminateReason::DataBeyondMessage {
                         offset: view.data_offset(),
                         length: view.data_length(),
                         message_len: msg.len(),

@@ -157,7 +157,8 @@ mod tests {
     use super::*;
 
     const EXAMPLE_WIRE: [u8; 16] = [
-        0xE4, 0x32, 0x3A, 0xB1, 0xAD, 0xE2, 0xB2, 0x5D, 0xA4, 0xF8, 0x5C, 0xD3, 0xBE, 0x9D, 0x69, 0x6E,
+        0xE4, 0x32, 0x3A, 0xB1, 0xAD, 0xE2, 0xB2, 0x5D, 0xA4, 0xF8, 0x5C, 0xD3, 0xBE, 0x9D, 0x69,
+        0x6E,
     ];
 
     #[test]
@@ -167,34 +168,64 @@ mod tests {
         assert_eq!(format!("{g:#}"), "b13a32e4-e2ad-5db2-a4f8-5cd3be9d696e");
         assert_eq!(
             g,
-            Guid::from_fields(0xb13a32e4, 0xe2ad, 0x5db2, [0xa4, 0xf8, 0x5c, 0xd3, 0xbe, 0x9d, 0x69, 0x6e])
+            Guid::from_fields(
+                0xb13a32e4,
+                0xe2ad,
+                0x5db2,
+                [0xa4, 0xf8, 0x5c, 0xd3, 0xbe, 0x9d, 0x69, 0x6e]
+            )
         );
     }
 
     #[test]
     fn guid_parses_with_or_without_braces_in_any_case() {
         let g = Guid::from_bytes(EXAMPLE_WIRE);
-        assert_eq!("b13a32e4-e2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(), Ok(g));
-        assert_eq!("{B13A32E4-E2AD-5DB2-A4F8-5CD3BE9D696E}".parse::<Guid>(), Ok(g));
         assert_eq!(
-            "04b4f24e-b3e9-4594-adaa-e327528de54b".parse::<Guid>().map(|g| *g.as_bytes()),
-            Ok([0x4E, 0xF2, 0xB4, 0x04, 0xE9, 0xB3, 0x94, 0x45, 0xAD, 0xAA, 0xE3, 0x27, 0x52, 0x8D, 0xE5, 0x4B])
+            "b13a32e4-e2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(),
+            Ok(g)
+        );
+        assert_eq!(
+            "{B13A32E4-E2AD-5DB2-A4F8-5CD3BE9D696E}".parse::<Guid>(),
+            Ok(g)
+        );
+        assert_eq!(
+            "04b4f24e-b3e9-4594-adaa-e327528de54b"
+                .parse::<Guid>()
+                .map(|g| *g.as_bytes()),
+            Ok([
+                0x4E, 0xF2, 0xB4, 0x04, 0xE9, 0xB3, 0x94, 0x45, 0xAD, 0xAA, 0xE3, 0x27, 0x52, 0x8D,
+                0xE5, 0x4B
+            ])
         );
     }
 
     #[test]
     fn guid_parse_rejects_malformed_text() {
         assert_eq!("".parse::<Guid>(), Err(GuidParseError::Length(0)));
-        assert_eq!("{b13a32e4-e2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(), Err(GuidParseError::Braces));
-        assert_eq!("b13a32e4xe2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(), Err(GuidParseError::Hyphen(8)));
-        assert_eq!("g13a32e4-e2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(), Err(GuidParseError::NotHex(0)));
-        assert!("b13a32e4-e2ad-5db2-a4f8-5cd3be9d696é".parse::<Guid>().is_err());
+        assert_eq!(
+            "{b13a32e4-e2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(),
+            Err(GuidParseError::Braces)
+        );
+        assert_eq!(
+            "b13a32e4xe2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(),
+            Err(GuidParseError::Hyphen(8))
+        );
+        assert_eq!(
+            "g13a32e4-e2ad-5db2-a4f8-5cd3be9d696e".parse::<Guid>(),
+            Err(GuidParseError::NotHex(0))
+        );
+        assert!("b13a32e4-e2ad-5db2-a4f8-5cd3be9d696é"
+            .parse::<Guid>()
+            .is_err());
     }
 
     #[test]
     fn null_guid_is_all_zeros() {
         assert!(Guid::NULL.is_null());
         assert!(!Guid::from_bytes(EXAMPLE_WIRE).is_null());
-        assert_eq!(Guid::NULL.to_string(), "{00000000-0000-0000-0000-000000000000}");
+        assert_eq!(
+            Guid::NULL.to_string(),
+            "{00000000-0000-0000-0000-000000000000}"
+        );
     }
 }

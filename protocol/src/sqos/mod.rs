@@ -347,7 +347,10 @@ mod tests {
         assert!(!Options::from_bits(0x8000_0000).has_defined_flag());
         assert_eq!(o.without(Options::PROBE_POLICY).bits(), 0x18);
         let dbg = format!("{:?}", Options::from_bits(0x8000_0001));
-        assert!(dbg.contains("SET_LOGICAL_FLOW_ID") && dbg.contains("undefined"), "{dbg}");
+        assert!(
+            dbg.contains("SET_LOGICAL_FLOW_ID") && dbg.contains("undefined"),
+            "{dbg}"
+        );
     }
 
     #[test]

@@ -33,7 +33,10 @@ impl<'a> Utf16Name<'a> {
     /// byte is not a code unit and decodes as U+FFFD.
     pub fn from_utf16le(bytes: &'a [u8]) -> Result<Self, WireError> {
         if bytes.len() > STORAGE_QOS_INITIATOR_NAME_SIZE {
-            return Err(WireError::Malformed { what: "SQoS initiator name", field: "length > 0x200" });
+            return Err(WireError::Malformed {
+                what: "SQoS initiator name",
+                field: "length > 0x200",
+            });
         }
         Ok(Utf16Name(Inner::Utf16Le(bytes)))
     }
@@ -43,7 +46,10 @@ impl<'a> Utf16Name<'a> {
     /// i.e. 256 UTF-16 code units).
     pub fn new(s: &'a str) -> Result<Self, WireError> {
         if s.encode_utf16().count() * 2 > STORAGE_QOS_INITIATOR_NAME_SIZE {
-            return Err(WireError::Malformed { what: "SQoS initiator name", field: "length > 0x200" });
+            return Err(WireError::Malformed {
+                what: "SQoS initiator name",
+                field: "length > 0x200",
+            });
         }
         Ok(Utf16Name(Inner::Str(s)))
     }
@@ -145,7 +151,9 @@ mod tests {
 
     #[test]
     fn utf16le_bytes_and_str_compare_by_code_units() {
-        let wire = [0x54, 0, 0x45, 0, 0x53, 0, 0x54, 0, 0x2D, 0, 0x56, 0, 0x4D, 0];
+        let wire = [
+            0x54, 0, 0x45, 0, 0x53, 0, 0x54, 0, 0x2D, 0, 0x56, 0, 0x4D, 0,
+        ];
         let a = Utf16Name::from_utf16le(&wire).unwrap();
         let b = Utf16Name::new("TEST-VM").unwrap();
         assert_eq!(a, b);

@@ -12,7 +12,11 @@ pub const DEFAULT_BASE_IO_SIZE: u32 = 8192;
 /// `base_io_size` of 0 (never valid; a client keeps its previous value when a
 /// server sends one) is treated as [`DEFAULT_BASE_IO_SIZE`].
 pub const fn normalized_io_size(io_size_in_bytes: u64, base_io_size: u32) -> u64 {
-    let base = if base_io_size == 0 { DEFAULT_BASE_IO_SIZE } else { base_io_size } as u64;
+    let base = if base_io_size == 0 {
+        DEFAULT_BASE_IO_SIZE
+    } else {
+        base_io_size
+    } as u64;
     io_size_in_bytes / base + (io_size_in_bytes % base != 0) as u64
 }
 

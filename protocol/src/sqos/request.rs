@@ -1,7 +1,8 @@
 //! [MS-SQOS] 2.2.2.2 STORAGE_QOS_CONTROL_REQUEST.
 
 use super::{
-    guid_at, le16, le32, le64, set_guid, set_le16, set_le32, set_le64, Dialect, Guid, Options, Utf16Name,
+    guid_at, le16, le32, le64, set_guid, set_le16, set_le32, set_le64, Dialect, Guid, Options,
+    Utf16Name,
 };
 use crate::WireError;
 
@@ -74,13 +75,23 @@ impl<T: AsRef<[u8]>> StorageQosControlRequest<T> {
     pub fn check_len(&self) -> Result<(), WireError> {
         let have = self.buffer.as_ref().len();
         if have < field::PROTOCOL_VERSION.end {
-            return Err(WireError::Truncated { what: WHAT, need: field::PROTOCOL_VERSION.end, have });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                need: field::PROTOCOL_VERSION.end,
+                have,
+            });
         }
-        let dialect = Dialect::from_wire(self.protocol_version())
-            .ok_or(WireError::Malformed { what: WHAT, field: "ProtocolVersion" })?;
+        let dialect = Dialect::from_wire(self.protocol_version()).ok_or(WireError::Malformed {
+            what: WHAT,
+            field: "ProtocolVersion",
+        })?;
         let need = dialect.request_fixed_len();
         if have < need {
-            return Err(WireError::Truncated { what: WHAT, need, have });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                need,
+                have,
+            });
         }
         Ok(())
     }
@@ -185,20 +196,31 @@ impl<T: AsRef<[u8]>> StorageQosControlRequest<T> {
         }
     }
 
-    fn name_bytes(&self, offset: u16, length: u16, field: &'static str) -> Result<&[u8], WireError> {
+    fn name_bytes(
+        &self,
+        offset: u16,
+        length: u16,
+        field: &'static str,
+    ) -> Result<&[u8], WireError> {
         if length == 0 {
             return Ok(&[]);
         }
         let start = usize::from(offset);
         let end = start + usize::from(length);
-        self.b().get(start..end).ok_or(WireError::Malformed { what: WHAT, field })
+        self.b()
+            .get(start..end)
+            .ok_or(WireError::Malformed { what: WHAT, field })
     }
 
     /// The InitiatorName bytes (UTF-16LE) at InitiatorNameOffset; empty when
     /// InitiatorNameLength is 0. `Malformed { field: "InitiatorNameOffset" }`
     /// when offset + length runs past RequestSize.
     pub fn initiator_name(&self) -> Result<&[u8], WireError> {
-        self.name_bytes(self.initiator_name_offset(), self.initiator_name_length(), "InitiatorNameOffset")
+        self.name_bytes(
+            self.initiator_name_offset(),
+            self.initiator_name_length(),
+            "InitiatorNameOffset",
+        )
     }
 
     /// The InitiatorNodeName bytes (UTF-16LE); as [`initiator_name`](Self::initiator_name).
@@ -365,7 +387,9 @@ impl<'a> StorageQosControlRequestRepr<'a> {
     /// lie inside the buffer and be at most STORAGE_QOS_INITIATOR_NAME_SIZE
     /// bytes even when no flag uses them (the server works on the view and
     /// applies 3.2.5.1.2 itself).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(view: &StorageQosControlRequest<&'a T>) -> Result<Self, WireError> {
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(
+        view: &StorageQosControlRequest<&'a T>,
+    ) -> Result<Self, WireError> {
         view.check_len()?;
         let whole: &'a T = view.buffer;
         let buf: &'a [u8] = whole.as_ref();
@@ -394,7 +418,9 @@ impl<'a> StorageQosControlRequestRepr<'a> {
     /// Bytes [`emit`](Self::emit) writes: the dialect's fixed part plus both
     /// names.
     pub fn buffer_len(&self) -> usize {
-        self.dialect.request_fixed_len() + self.initiator_name.byte_len() + self.initiator_node_name.byte_len()
+        self.dialect.request_fixed_len()
+            + self.initiator_name.byte_len()
+            + self.initiator_node_name.byte_len()
     }
 
     /// Writes the request into `view`, whose buffer must hold at least
@@ -447,18 +473,30 @@ impl<'a> StorageQosControlRequestRepr<'a> {
     }
 }
 
-fn name_slice<'a>(view: &StorageQosControlRequest<&'a [u8]>, initiator: bool) -> Result<&'a [u8], WireError> {
+fn name_slice<'a>(
+    view: &StorageQosControlRequest<&'a [u8]>,
+    initiator: bool,
+) -> Result<&'a [u8], WireError> {
     let buf: &'a [u8] = view.buffer;
     let (offset, length, field) = if initiator {
-        (view.initiator_name_offset(), view.initiator_name_length(), "InitiatorNameOffset")
+        (
+            view.initiator_name_offset(),
+            view.initiator_name_length(),
+            "InitiatorNameOffset",
+        )
     } else {
-        (view.initiator_node_name_offset(), view.initiator_node_name_length(), "InitiatorNodeNameOffset")
+        (
+            view.initiator_node_name_offset(),
+            view.initiator_node_name_length(),
+            "InitiatorNodeNameOffset",
+        )
     };
     if length == 0 {
         return Ok(&[]);
     }
     let start = usize::from(offset);
-    buf.get(start..start + usize::from(length)).ok_or(WireError::Malformed { what: WHAT, field })
+    buf.get(start..start + usize::from(length))
+        .ok_or(WireError::Malformed { what: WHAT, field })
 }
 
 #[cfg(test)]
@@ -494,15 +532,22 @@ mod tests {
             let bytes = repr.to_vec();
             assert_eq!(bytes.len(), d.request_fixed_len() + 14 + 24);
             let view = StorageQosControlRequest::new_checked(&bytes[..]).unwrap();
-            assert_eq!(usize::from(view.initiator_name_offset()), d.request_fixed_len());
-            assert_eq!(usize::from(view.initiator_node_name_offset()), d.request_fixed_len() + 14);
+            assert_eq!(
+                usize::from(view.initiator_name_offset()),
+                d.request_fixed_len()
+            );
+            assert_eq!(
+                usize::from(view.initiator_node_name_offset()),
+                d.request_fixed_len() + 14
+            );
             assert_eq!(StorageQosControlRequestRepr::parse(&view).unwrap(), repr);
         }
     }
 
     #[test]
     fn dialect_1_0_request_has_no_bandwidth_fields() {
-        let repr = StorageQosControlRequestRepr::new(Dialect::V1_0, Options::GET_STATUS, Guid::NULL);
+        let repr =
+            StorageQosControlRequestRepr::new(Dialect::V1_0, Options::GET_STATUS, Guid::NULL);
         let bytes = repr.to_vec();
         assert_eq!(bytes.len(), 112);
         let view = StorageQosControlRequest::new_checked(&bytes[..]).unwrap();
@@ -512,28 +557,43 @@ mod tests {
 
     #[test]
     fn request_shorter_than_its_dialect_fixed_part_is_truncated() {
-        let mut bytes = StorageQosControlRequestRepr::new(Dialect::V1_1, Options::GET_STATUS, Guid::NULL).to_vec();
+        let mut bytes =
+            StorageQosControlRequestRepr::new(Dialect::V1_1, Options::GET_STATUS, Guid::NULL)
+                .to_vec();
         bytes.truncate(127);
         assert_eq!(
             StorageQosControlRequest::new_checked(&bytes[..]).unwrap_err(),
-            WireError::Truncated { what: WHAT, need: 128, have: 127 }
+            WireError::Truncated {
+                what: WHAT,
+                need: 128,
+                have: 127
+            }
         );
         // The same 127 bytes are a complete dialect 1.0 request.
         bytes[0..2].copy_from_slice(&0x0100u16.to_le_bytes());
         assert!(StorageQosControlRequest::new_checked(&bytes[..]).is_ok());
         assert!(matches!(
             StorageQosControlRequest::new_checked(&[1u8][..]),
-            Err(WireError::Truncated { need: 2, have: 1, .. })
+            Err(WireError::Truncated {
+                need: 2,
+                have: 1,
+                ..
+            })
         ));
     }
 
     #[test]
     fn request_with_unknown_protocol_version_is_malformed() {
-        let mut bytes = StorageQosControlRequestRepr::new(Dialect::V1_1, Options::GET_STATUS, Guid::NULL).to_vec();
+        let mut bytes =
+            StorageQosControlRequestRepr::new(Dialect::V1_1, Options::GET_STATUS, Guid::NULL)
+                .to_vec();
         bytes[0..2].copy_from_slice(&0x0200u16.to_le_bytes());
         assert_eq!(
             StorageQosControlRequest::new_checked(&bytes[..]).unwrap_err(),
-            WireError::Malformed { what: WHAT, field: "ProtocolVersion" }
+            WireError::Malformed {
+                what: WHAT,
+                field: "ProtocolVersion"
+            }
         );
     }
 
@@ -548,7 +608,10 @@ mod tests {
         assert!(view.initiator_node_name().is_ok());
         assert_eq!(
             StorageQosControlRequestRepr::parse(&view).unwrap_err(),
-            WireError::Malformed { what: WHAT, field: "InitiatorNameOffset" }
+            WireError::Malformed {
+                what: WHAT,
+                field: "InitiatorNameOffset"
+            }
         );
     }
 }

@@ -1,6 +1,8 @@
 //! [MS-SQOS] 2.2.2.3 STORAGE_QOS_CONTROL_RESPONSE.
 
-use super::{guid_at, le16, le32, le64, set_guid, set_le16, set_le32, set_le64, Dialect, FlowStatus, Guid};
+use super::{
+    guid_at, le16, le32, le64, set_guid, set_le16, set_le32, set_le64, Dialect, FlowStatus, Guid,
+};
 use crate::WireError;
 
 const WHAT: &str = "STORAGE_QOS_CONTROL_RESPONSE";
@@ -57,13 +59,23 @@ impl<T: AsRef<[u8]>> StorageQosControlResponse<T> {
     pub fn check_len(&self) -> Result<(), WireError> {
         let have = self.buffer.as_ref().len();
         if have < field::PROTOCOL_VERSION.end {
-            return Err(WireError::Truncated { what: WHAT, need: field::PROTOCOL_VERSION.end, have });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                need: field::PROTOCOL_VERSION.end,
+                have,
+            });
         }
-        let dialect = Dialect::from_wire(self.protocol_version())
-            .ok_or(WireError::Malformed { what: WHAT, field: "ProtocolVersion" })?;
+        let dialect = Dialect::from_wire(self.protocol_version()).ok_or(WireError::Malformed {
+            what: WHAT,
+            field: "ProtocolVersion",
+        })?;
         let need = dialect.response_len();
         if have < need {
-            return Err(WireError::Truncated { what: WHAT, need, have });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                need,
+                have,
+            });
         }
         Ok(())
     }
@@ -227,7 +239,9 @@ pub struct StorageQosControlResponseRepr {
 
 impl StorageQosControlResponseRepr {
     /// Parses a response.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(view: &StorageQosControlResponse<&T>) -> Result<Self, WireError> {
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(
+        view: &StorageQosControlResponse<&T>,
+    ) -> Result<Self, WireError> {
         view.check_len()?;
         Ok(StorageQosControlResponseRepr {
             dialect: view.dialect(),
@@ -319,14 +333,21 @@ mod tests {
         let bytes = sample(Dialect::V1_1).to_vec();
         assert!(matches!(
             StorageQosControlResponse::new_checked(&bytes[..95]),
-            Err(WireError::Truncated { need: 96, have: 95, .. })
+            Err(WireError::Truncated {
+                need: 96,
+                have: 95,
+                ..
+            })
         ));
         let mut v10 = sample(Dialect::V1_0).to_vec();
         assert!(StorageQosControlResponse::new_checked(&v10[..]).is_ok());
         v10[0] = 0x07;
         assert!(matches!(
             StorageQosControlResponse::new_checked(&v10[..]),
-            Err(WireError::Malformed { field: "ProtocolVersion", .. })
+            Err(WireError::Malformed {
+                field: "ProtocolVersion",
+                ..
+            })
         ));
     }
 }

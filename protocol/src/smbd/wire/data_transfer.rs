@@ -19,6 +19,28 @@ pub const SMB_DIRECT_RESPONSE_REQUESTED: u16 = 0x0001;
 
 const WHAT: &str = "SMBD data transfer";
 
+/// Which payload rule a Data Transfer message breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadError {
+    /// DataOffset is not 8-byte aligned ([MS-SMBD] 2.2.3, 3.1.5.8).
+    Unaligned,
+    /// A payload would overlap the 20-byte header.
+    InsideHeader,
+    /// DataOffset + DataLength exceeds the message ([MS-SMBD] 3.1.5.8).
+    BeyondMessage,
+}
+
+impl PayloadError {
+    /// The field description used in [`WireError::Malformed`].
+    pub fn field(self) -> &'static str {
+        match self {
+            PayloadError::Unaligned => "DataOffset (not 8-byte aligned)",
+            PayloadError::InsideHeader => "DataOffset (inside the header)",
+            PayloadError::BeyondMessage => "DataOffset+DataLength (beyond the message)",
+        }
+    }
+}
+
 /// A zero-copy view of a Data Transfer message ([MS-SMBD] 2.2.3).
 #[derive(Debug, Clone)]
 pub struct DataTransfer<T: AsRef<[u8]>> {
@@ -94,19 +116,22 @@ impl<T: AsRef<[u8]>> DataTransfer<T> {
     /// returns the payload's byte range within the message (`0..0` when
     /// DataLength is 0).
     pub fn check_payload(&self) -> Result<core::ops::Range<usize>, WireError> {
+        self.payload_range().map_err(|e| WireError::Malformed { what: WHAT, field: e.field() })
+    }
+
+    /// [`Self::check_payload`] with the failed rule as a value, for callers
+    /// that act on which rule broke (the connection's terminate reason).
+    pub fn payload_range(&self) -> Result<core::ops::Range<usize>, PayloadError> {
         let off = self.data_offset() as u64;
         let len = self.data_length() as u64;
         if off % 8 != 0 {
-            return Err(WireError::Malformed { what: WHAT, field: "DataOffset (not 8-byte aligned)" });
+            return Err(PayloadError::Unaligned);
         }
         if len != 0 && off < Self::HEADER_LEN as u64 {
-            return Err(WireError::Malformed { what: WHAT, field: "DataOffset (inside the header)" });
+            return Err(PayloadError::InsideHeader);
         }
         if off + len > self.len() as u64 {
-            return Err(WireError::Malformed {
-                what: WHAT,
-                field: "DataOffset+DataLength (beyond the message)",
-            });
+            return Err(PayloadError::BeyondMessage);
         }
         if len == 0 {
             return Ok(0..0);

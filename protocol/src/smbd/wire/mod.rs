@@ -13,7 +13,7 @@ mod ird_ord;
 mod negotiate;
 
 pub use buffer_descriptor::{BufferDescriptor, BufferDescriptorArray, BufferDescriptorRepr};
-pub use data_transfer::{DataTransfer, DataTransferRepr, SMB_DIRECT_RESPONSE_REQUESTED};
+pub use data_transfer::{DataTransfer, DataTransferRepr, PayloadError, SMB_DIRECT_RESPONSE_REQUESTED};
 pub use ird_ord::{negotiate_ird_ord, IrdOrdError, IrdOrdHeader, IrdOrdRepr};
 pub use negotiate::{NegotiateRequest, NegotiateRequestRepr, NegotiateResponse, NegotiateResponseRepr};
 

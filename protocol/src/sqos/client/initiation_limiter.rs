@@ -23,11 +23,16 @@ pub const KILOBYTE: u64 = 1024;
 /// - from MaximumBandwidth: `maximum_bandwidth * 1024 / io_size` (no limit
 ///   for a zero-byte I/O);
 /// - the result is the minimum of those that apply.
-pub fn allowed_ios_per_sec(maximum_io_rate: u64, maximum_bandwidth: u64, base_io_size: u32, io_size: u64) -> Option<f64> {
+pub fn allowed_ios_per_sec(
+    maximum_io_rate: u64,
+    maximum_bandwidth: u64,
+    base_io_size: u32,
+    io_size: u64,
+) -> Option<f64> {
     let by_rate = (maximum_io_rate > 0)
         .then(|| maximum_io_rate as f64 / normalized_io_size(io_size, base_io_size).max(1) as f64);
-    let by_bandwidth =
-        (maximum_bandwidth > 0 && io_size > 0).then(|| maximum_bandwidth as f64 * KILOBYTE as f64 / io_size as f64);
+    let by_bandwidth = (maximum_bandwidth > 0 && io_size > 0)
+        .then(|| maximum_bandwidth as f64 * KILOBYTE as f64 / io_size as f64);
     match (by_rate, by_bandwidth) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -78,7 +83,11 @@ impl InitiationLimiter {
     pub fn set_limits(&mut self, maximum_io_rate: u64, maximum_bandwidth: u64, base_io_size: u32) {
         self.maximum_io_rate = maximum_io_rate;
         self.maximum_bandwidth = maximum_bandwidth;
-        self.base_io_size = if base_io_size == 0 { DEFAULT_BASE_IO_SIZE } else { base_io_size };
+        self.base_io_size = if base_io_size == 0 {
+            DEFAULT_BASE_IO_SIZE
+        } else {
+            base_io_size
+        };
         self.io_tokens = self.io_tokens.min(self.io_cap());
         self.byte_tokens = self.byte_tokens.min(self.byte_cap());
     }
@@ -93,7 +102,12 @@ impl InitiationLimiter {
     /// I/Os of `io_size` bytes per second allowed on average; see
     /// [`allowed_ios_per_sec`].
     pub fn allowed_ios_per_sec(&self, io_size: u64) -> Option<f64> {
-        allowed_ios_per_sec(self.maximum_io_rate, self.maximum_bandwidth, self.base_io_size, io_size)
+        allowed_ios_per_sec(
+            self.maximum_io_rate,
+            self.maximum_bandwidth,
+            self.base_io_size,
+            io_size,
+        )
     }
 
     fn io_per_ns(&self) -> i128 {
@@ -103,10 +117,12 @@ impl InitiationLimiter {
         i128::from(self.maximum_bandwidth) * i128::from(KILOBYTE)
     }
     fn io_cap(&self) -> i128 {
-        self.io_per_ns().saturating_mul(i128::from(self.burst.as_nanos()))
+        self.io_per_ns()
+            .saturating_mul(i128::from(self.burst.as_nanos()))
     }
     fn byte_cap(&self) -> i128 {
-        self.bytes_per_ns().saturating_mul(i128::from(self.burst.as_nanos()))
+        self.bytes_per_ns()
+            .saturating_mul(i128::from(self.burst.as_nanos()))
     }
 
     fn refill(&mut self, now: Instant) {
@@ -119,9 +135,14 @@ impl InitiationLimiter {
         };
         self.last_refill = Some(now);
         let dt = i128::from(elapsed);
-        self.io_tokens = self.io_tokens.saturating_add(self.io_per_ns().saturating_mul(dt)).min(self.io_cap());
-        self.byte_tokens =
-            self.byte_tokens.saturating_add(self.bytes_per_ns().saturating_mul(dt)).min(self.byte_cap());
+        self.io_tokens = self
+            .io_tokens
+            .saturating_add(self.io_per_ns().saturating_mul(dt))
+            .min(self.io_cap());
+        self.byte_tokens = self
+            .byte_tokens
+            .saturating_add(self.bytes_per_ns().saturating_mul(dt))
+            .min(self.byte_cap());
     }
 
     /// Asks to start one I/O of `io_size` bytes at `now`. `Ok(())` means
@@ -144,11 +165,14 @@ impl InitiationLimiter {
             return Err(now + Duration::from_nanos(ns));
         }
         if self.maximum_io_rate > 0 {
-            let cost = i128::from(normalized_io_size(io_size, self.base_io_size).max(1)).saturating_mul(SCALE);
+            let cost = i128::from(normalized_io_size(io_size, self.base_io_size).max(1))
+                .saturating_mul(SCALE);
             self.io_tokens = self.io_tokens.saturating_sub(cost);
         }
         if self.maximum_bandwidth > 0 {
-            self.byte_tokens = self.byte_tokens.saturating_sub(i128::from(io_size).saturating_mul(SCALE));
+            self.byte_tokens = self
+                .byte_tokens
+                .saturating_sub(i128::from(io_size).saturating_mul(SCALE));
         }
         Ok(())
     }
@@ -221,7 +245,10 @@ mod tests {
         // 1 MiB at 200 KiB/s: the next I/O waits about 5.12 s.
         let next = l.may_initiate(t0, 1 << 20).unwrap_err();
         let waited = next - t0;
-        assert!(waited >= Duration::from_millis(5110) && waited <= Duration::from_millis(5130), "{waited:?}");
+        assert!(
+            waited >= Duration::from_millis(5110) && waited <= Duration::from_millis(5130),
+            "{waited:?}"
+        );
         assert_eq!(l.may_initiate(next, 1 << 20), Ok(()));
     }
 
@@ -229,7 +256,12 @@ mod tests {
     fn huge_limits_do_not_overflow() {
         let mut l = InitiationLimiter::new(Duration::from_secs(u64::MAX / 1_000_000_000));
         l.set_limits(u64::MAX, u64::MAX, 1);
-        assert_eq!(l.may_initiate(Instant::from_nanos(u64::MAX), u64::MAX), Ok(()));
-        assert!(l.may_initiate(Instant::from_nanos(u64::MAX), u64::MAX).is_ok());
+        assert_eq!(
+            l.may_initiate(Instant::from_nanos(u64::MAX), u64::MAX),
+            Ok(())
+        );
+        assert!(l
+            .may_initiate(Instant::from_nanos(u64::MAX), u64::MAX)
+            .is_ok());
     }
 }

@@ -11,8 +11,8 @@ pub use initiation_limiter::{allowed_ios_per_sec, InitiationLimiter, KILOBYTE};
 
 use crate::ntstatus::{NtStatus, STATUS_NOT_FOUND, STATUS_REVISION_MISMATCH};
 use crate::sqos::{
-    normalized_io_size, Dialect, FlowStatus, Guid, Options, StorageQosControlRequestRepr, StorageQosControlResponse,
-    StorageQosControlResponseRepr, Utf16Name, DEFAULT_BASE_IO_SIZE,
+    normalized_io_size, Dialect, FlowStatus, Guid, Options, StorageQosControlRequestRepr,
+    StorageQosControlResponse, StorageQosControlResponseRepr, Utf16Name, DEFAULT_BASE_IO_SIZE,
 };
 use crate::time::{Duration, Instant};
 use crate::WireError;
@@ -181,10 +181,13 @@ impl LogicalFlow {
     /// ([MS-SQOS] 2.2.2.2, LatencyIncrement / LowerLatencyIncrement).
     pub fn record_io(&mut self, size: u64, latency: Duration, lower_latency: Duration) {
         self.io_count_increment = self.io_count_increment.saturating_add(1);
-        self.normalized_io_count_increment =
-            self.normalized_io_count_increment.saturating_add(normalized_io_size(size, self.base_io_size));
+        self.normalized_io_count_increment = self
+            .normalized_io_count_increment
+            .saturating_add(normalized_io_size(size, self.base_io_size));
         self.latency_ns = self.latency_ns.saturating_add(latency.as_nanos());
-        self.lower_latency_ns = self.lower_latency_ns.saturating_add(lower_latency.as_nanos());
+        self.lower_latency_ns = self
+            .lower_latency_ns
+            .saturating_add(lower_latency.as_nanos());
         self.transferred_bytes = self.transferred_bytes.saturating_add(size);
     }
 
@@ -199,12 +202,18 @@ impl LogicalFlow {
     ///   PROBE_POLICY is set (BandwidthLimit only in dialect 1.1);
     /// - [MS-SQOS] 3.1.6: SET_POLICY without GET_STATUS arms the
     ///   StatusRequestTimer to expire within 1 second.
-    pub fn request<'a>(&mut self, options: Options, policy: Option<PolicyParams<'a>>, now: Instant) -> ClientRequest<'a> {
+    pub fn request<'a>(
+        &mut self,
+        options: Options,
+        policy: Option<PolicyParams<'a>>,
+        now: Instant,
+    ) -> ClientRequest<'a> {
         let mut options = options | Options::UPDATE_COUNTERS;
         if !self.associated {
             options |= Options::SET_LOGICAL_FLOW_ID;
         }
-        let mut repr = StorageQosControlRequestRepr::new(self.dialect, options, self.logical_flow_id);
+        let mut repr =
+            StorageQosControlRequestRepr::new(self.dialect, options, self.logical_flow_id);
         if options.intersects(Options::SET_POLICY | Options::PROBE_POLICY) {
             let p = policy.unwrap_or_default();
             repr.policy_id = p.policy_id;
@@ -221,8 +230,14 @@ impl LogicalFlow {
         if options.contains(Options::SET_POLICY) && !options.contains(Options::GET_STATUS) {
             self.arm_timer(now + SET_POLICY_STATUS_DEADLINE);
         }
-        self.in_flight = Some(InFlight { options, disassociate: false });
-        ClientRequest { repr, max_response_size: self.dialect.response_len() as u32 }
+        self.in_flight = Some(InFlight {
+            options,
+            disassociate: false,
+        });
+        ClientRequest {
+            repr,
+            max_response_size: self.dialect.response_len() as u32,
+        }
     }
 
     /// [MS-SQOS] 3.1.6: the periodic request: GET_STATUS | UPDATE_COUNTERS.
@@ -231,13 +246,25 @@ impl LogicalFlow {
     }
 
     /// SET_POLICY with GET_STATUS in the same request (3.1.6's first choice).
-    pub fn set_policy_request<'a>(&mut self, policy: PolicyParams<'a>, now: Instant) -> ClientRequest<'a> {
+    pub fn set_policy_request<'a>(
+        &mut self,
+        policy: PolicyParams<'a>,
+        now: Instant,
+    ) -> ClientRequest<'a> {
         self.request(Options::SET_POLICY | Options::GET_STATUS, Some(policy), now)
     }
 
     /// PROBE_POLICY with GET_STATUS, as in [MS-SQOS] 4.3.
-    pub fn probe_policy_request<'a>(&mut self, policy: PolicyParams<'a>, now: Instant) -> ClientRequest<'a> {
-        self.request(Options::PROBE_POLICY | Options::GET_STATUS, Some(policy), now)
+    pub fn probe_policy_request<'a>(
+        &mut self,
+        policy: PolicyParams<'a>,
+        now: Instant,
+    ) -> ClientRequest<'a> {
+        self.request(
+            Options::PROBE_POLICY | Options::GET_STATUS,
+            Some(policy),
+            now,
+        )
     }
 
     /// [MS-SQOS] 3.2.5.1.1: SET_LOGICAL_FLOW_ID with an empty LogicalFlowID
@@ -245,18 +272,29 @@ impl LogicalFlow {
     /// would refuse them once the association is gone); they are still
     /// zeroed, as after every request.
     pub fn disassociate_request(&mut self, _now: Instant) -> ClientRequest<'static> {
-        let repr = StorageQosControlRequestRepr::new(self.dialect, Options::SET_LOGICAL_FLOW_ID, Guid::NULL);
+        let repr = StorageQosControlRequestRepr::new(
+            self.dialect,
+            Options::SET_LOGICAL_FLOW_ID,
+            Guid::NULL,
+        );
         let mut scratch = repr;
         self.take_counters(&mut scratch);
-        self.in_flight = Some(InFlight { options: Options::SET_LOGICAL_FLOW_ID, disassociate: true });
-        ClientRequest { repr, max_response_size: self.dialect.response_len() as u32 }
+        self.in_flight = Some(InFlight {
+            options: Options::SET_LOGICAL_FLOW_ID,
+            disassociate: true,
+        });
+        ClientRequest {
+            repr,
+            max_response_size: self.dialect.response_len() as u32,
+        }
     }
 
     /// Fills the counter fields and zeroes the counters (3.1.4.1), carrying
     /// sub-unit remainders.
     fn take_counters(&mut self, repr: &mut StorageQosControlRequestRepr<'_>) {
         repr.io_count_increment = core::mem::take(&mut self.io_count_increment);
-        repr.normalized_io_count_increment = core::mem::take(&mut self.normalized_io_count_increment);
+        repr.normalized_io_count_increment =
+            core::mem::take(&mut self.normalized_io_count_increment);
         repr.latency_increment = self.latency_ns / 100;
         self.latency_ns %= 100;
         repr.lower_latency_increment = self.lower_latency_ns / 100;
@@ -309,7 +347,10 @@ impl LogicalFlow {
         if let Some(sent) = sent {
             if sent.disassociate {
                 self.associated = false;
-            } else if sent.options.intersects(Options::SET_LOGICAL_FLOW_ID | Options::PROBE_POLICY) {
+            } else if sent
+                .options
+                .intersects(Options::SET_LOGICAL_FLOW_ID | Options::PROBE_POLICY)
+            {
                 self.associated = true;
             }
         }
@@ -340,7 +381,11 @@ impl LogicalFlow {
             self.base_io_size = response.base_io_size;
         }
         self.last_status = Some(response.status);
-        self.limiter.set_limits(self.maximum_io_rate, self.maximum_bandwidth, self.base_io_size);
+        self.limiter.set_limits(
+            self.maximum_io_rate,
+            self.maximum_bandwidth,
+            self.base_io_size,
+        );
         Ok(Some(response))
     }
 
@@ -372,7 +417,12 @@ impl LogicalFlow {
     /// [MS-SQOS] 3.1.7.1: I/Os of `io_size` bytes per second this flow may
     /// start on average (`None`: unlimited). KB = 1024 bytes.
     pub fn allowed_ios_per_sec(&self, io_size: u64) -> Option<f64> {
-        allowed_ios_per_sec(self.maximum_io_rate, self.maximum_bandwidth, self.base_io_size, io_size)
+        allowed_ios_per_sec(
+            self.maximum_io_rate,
+            self.maximum_bandwidth,
+            self.base_io_size,
+            io_size,
+        )
     }
 
     /// [MS-SQOS] 3.1.7.1: may an I/O of `io_size` bytes start at `now`?

@@ -252,7 +252,10 @@ impl LogicalFlowTable {
         if config.dialect == Dialect::V1_0 {
             config.supports_bandwidth_limits = false;
         }
-        LogicalFlowTable { config, flows: HashMap::new() }
+        LogicalFlowTable {
+            config,
+            flows: HashMap::new(),
+        }
     }
 
     /// The configuration in force.
@@ -320,7 +323,10 @@ impl LogicalFlowTable {
     /// a flow, if any is unreferenced.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let retention = self.config.flow_retention;
-        self.flows.values().filter_map(|f| f.expiry(retention)).min()
+        self.flows
+            .values()
+            .filter_map(|f| f.expiry(retention))
+            .min()
     }
 
     /// [MS-SQOS] 3.2.5.1.4: the Status, MaximumIoRate, MinimumIoRate,
@@ -396,7 +402,11 @@ impl LogicalFlowTable {
             mismatch = true;
         }
         Some(FlowStatusInfo {
-            status: if mismatch { FlowStatus::ConfigurationMismatch } else { FlowStatus::Ok },
+            status: if mismatch {
+                FlowStatus::ConfigurationMismatch
+            } else {
+                FlowStatus::Ok
+            },
             maximum_io_rate: max,
             minimum_io_rate: min,
             maximum_bandwidth: bandwidth,
@@ -422,7 +432,10 @@ impl LogicalFlowTable {
     /// made room with `make_room_for`).
     pub(super) fn attach(&mut self, id: Guid, now: Instant) -> &mut LogicalFlow {
         let base = self.config.base_io_size;
-        let flow = self.flows.entry(id).or_insert_with(|| LogicalFlow::new(id, base, now));
+        let flow = self
+            .flows
+            .entry(id)
+            .or_insert_with(|| LogicalFlow::new(id, base, now));
         flow.open_count = flow.open_count.saturating_add(1);
         flow.last_activity = now;
         flow

@@ -16,16 +16,18 @@
 mod flow_table;
 mod policy;
 
-pub use flow_table::{FlowCounters, FlowReport, FlowStatusInfo, LogicalFlow, LogicalFlowTable, ServerConfig};
+pub use flow_table::{
+    FlowCounters, FlowReport, FlowStatusInfo, LogicalFlow, LogicalFlowTable, ServerConfig,
+};
 pub use policy::{NoPolicies, Policy, PolicyKind, PolicyLookup};
 
 use crate::ntstatus::{
-    NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER,
-    STATUS_NOT_FOUND, STATUS_REVISION_MISMATCH,
+    NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST,
+    STATUS_INVALID_PARAMETER, STATUS_NOT_FOUND, STATUS_REVISION_MISMATCH,
 };
 use crate::sqos::{
-    Dialect, Guid, Options, StorageQosControlRequest, StorageQosControlResponseRepr, Utf16Name, MIN_NAME_OFFSET,
-    STORAGE_QOS_INITIATOR_NAME_SIZE,
+    Dialect, Guid, Options, StorageQosControlRequest, StorageQosControlResponseRepr, Utf16Name,
+    MIN_NAME_OFFSET, STORAGE_QOS_INITIATOR_NAME_SIZE,
 };
 use crate::time::Instant;
 
@@ -55,7 +57,9 @@ pub struct OpenQosState {
 impl OpenQosState {
     /// Not associated to any logical flow (LogicalFlowID is the empty GUID).
     pub const fn new() -> Self {
-        OpenQosState { logical_flow_id: Guid::NULL }
+        OpenQosState {
+            logical_flow_id: Guid::NULL,
+        }
     }
     /// The associated flow, `None` when not associated.
     pub fn logical_flow_id(&self) -> Option<Guid> {
@@ -127,14 +131,16 @@ pub fn process_request(
     };
     // The fields of the dialect's fixed part must be present
     // (docs/spec-notes.md, "Requests shorter than the fixed part").
-    let req = StorageQosControlRequest::new_checked(request).map_err(|_| STATUS_INVALID_PARAMETER)?;
+    let req =
+        StorageQosControlRequest::new_checked(request).map_err(|_| STATUS_INVALID_PARAMETER)?;
 
     // 3.2.5.1: at least one flag of 2.2.2.2.
     let mut options = req.options();
     if !options.has_defined_flag() {
         return Err(STATUS_INVALID_PARAMETER);
     }
-    let current = Some(open.logical_flow_id).filter(|id| !id.is_null() && table.flows.contains_key(id));
+    let current =
+        Some(open.logical_flow_id).filter(|id| !id.is_null() && table.flows.contains_key(id));
     // 3.2.5.1: PROBE_POLICY on an associated Open is ignored from here on.
     if options.contains(Options::PROBE_POLICY) && current.is_some() {
         options = options.without(Options::PROBE_POLICY);
@@ -143,7 +149,9 @@ pub fn process_request(
     // 3.2.5.1.1: association.
     let request_flow = req.logical_flow_id();
     let mut target = current;
-    if options.intersects(Options::SET_LOGICAL_FLOW_ID | Options::PROBE_POLICY) && !request_flow.is_null() {
+    if options.intersects(Options::SET_LOGICAL_FLOW_ID | Options::PROBE_POLICY)
+        && !request_flow.is_null()
+    {
         target = Some(request_flow);
     }
     if options.contains(Options::PROBE_POLICY) && request_flow.is_null() {
@@ -227,10 +235,16 @@ pub fn process_request(
             // corresponding counters maintained by the server".
             let c = &mut flow.counters;
             c.io_count = c.io_count.saturating_add(req.io_count_increment());
-            c.normalized_io_count = c.normalized_io_count.saturating_add(req.normalized_io_count_increment());
+            c.normalized_io_count = c
+                .normalized_io_count
+                .saturating_add(req.normalized_io_count_increment());
             c.latency = c.latency.saturating_add(req.latency_increment());
-            c.lower_latency = c.lower_latency.saturating_add(req.lower_latency_increment());
-            c.kilobyte_count = c.kilobyte_count.saturating_add(req.kilobyte_count_increment().unwrap_or(0));
+            c.lower_latency = c
+                .lower_latency
+                .saturating_add(req.lower_latency_increment());
+            c.kilobyte_count = c
+                .kilobyte_count
+                .saturating_add(req.kilobyte_count_increment().unwrap_or(0));
             c.updates = c.updates.saturating_add(1);
             flow.last_counter_update = Some(now);
         }
@@ -239,7 +253,8 @@ pub fn process_request(
         return Ok(None);
     }
     // 3.2.5.1.4: construct the response.
-    let (Some(info), Some(flow)) = (table.flow_status(&id, now, policies), table.flows.get(&id)) else {
+    let (Some(info), Some(flow)) = (table.flow_status(&id, now, policies), table.flows.get(&id))
+    else {
         return Err(STATUS_NOT_FOUND);
     };
     Ok(Some(StorageQosControlResponseRepr {
@@ -260,7 +275,10 @@ pub fn process_request(
 }
 
 /// [MS-SQOS] 3.2.5.1.2: the name checks, then the field checks of note <8>.
-fn check_policy(req: &StorageQosControlRequest<&[u8]>, max_value: u64) -> Result<PolicyUpdate, NtStatus> {
+fn check_policy(
+    req: &StorageQosControlRequest<&[u8]>,
+    max_value: u64,
+) -> Result<PolicyUpdate, NtStatus> {
     let request_size = req.request_size();
     let name_ok = |offset: u16, length: u16| {
         let (offset, length) = (usize::from(offset), usize::from(length));
@@ -269,7 +287,10 @@ fn check_policy(req: &StorageQosControlRequest<&[u8]>, max_value: u64) -> Result
             && length + offset <= request_size
     };
     if !name_ok(req.initiator_name_offset(), req.initiator_name_length())
-        || !name_ok(req.initiator_node_name_offset(), req.initiator_node_name_length())
+        || !name_ok(
+            req.initiator_node_name_offset(),
+            req.initiator_node_name_length(),
+        )
     {
         return Err(STATUS_INVALID_PARAMETER);
     }
