@@ -104,6 +104,9 @@ mod tests {
         assert!(STATUS_NOT_SUPPORTED.is_error());
         assert!(STATUS_INSUFFICIENT_RESOURCES.is_error());
         assert!(!STATUS_SUCCESS.is_error());
-        assert_eq!(format!("{:?}", STATUS_NOT_FOUND), "STATUS_NOT_FOUND(0xC0000225)");
+        assert_eq!(
+            format!("{:?}", STATUS_NOT_FOUND),
+            "STATUS_NOT_FOUND(0xC0000225)"
+        );
     }
 }

@@ -100,7 +100,10 @@ mod tests {
     #[test]
     fn instant_arithmetic_saturates() {
         let t = Instant::from_nanos(5);
-        assert_eq!(t + Duration::from_nanos(u64::MAX), Instant::from_nanos(u64::MAX));
+        assert_eq!(
+            t + Duration::from_nanos(u64::MAX),
+            Instant::from_nanos(u64::MAX)
+        );
         assert_eq!(Instant::ZERO - t, Duration::ZERO);
         assert_eq!(t - Instant::ZERO, Duration::from_nanos(5));
         assert_eq!(Duration::from_secs(2).as_millis(), 2000);

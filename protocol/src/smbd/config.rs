@@ -103,7 +103,10 @@ impl SmbdConfig {
             return err("receive-credit-max must be at least 1".into());
         }
         if self.send_credit_target == 0 {
-            return err("send-credit-target must be at least 1 (a peer terminates on CreditsRequested 0)".into());
+            return err(
+                "send-credit-target must be at least 1 (a peer terminates on CreditsRequested 0)"
+                    .into(),
+            );
         }
         if self.max_receive_size < NEGOTIATE_RECEIVE_MIN {
             return err(format!(

@@ -11,26 +11,39 @@
 //! - no message is ever transmitted without a send credit;
 //! - the last send credit is never spent without granting the peer at least
 //!   one credit back (3.1.5.1), so both sides can never sit at zero credits;
+//!   and the peer is left holding at least two, so that the grant it owes us
+//!   in return is not its own last credit (otherwise two peers holding one
+//!   credit each exchange grant-only messages forever);
 //! - a peer left with no credits is granted some as soon as we hold a send
 //!   credit and a receive buffer;
 //! - empty credit-only messages are sent only when the peer's credits are
 //!   exhausted, or when the peer sent data and is at or below half its
 //!   target: once upper-layer traffic stops, each side sends at most two
 //!   empty messages until the keepalive fires;
+//! - no deadlock, provided the [`ReceivePoster`] can post
+//!   [`receive_buffers_required`](super::credits::receive_buffers_required)
+//!   receives beyond those the upper layer still holds: with fewer, a sender
+//!   at its last credit may have nothing left to grant and must wait for the
+//!   peer's keepalive;
 //! - an empty message never interleaves with a fragmented message: the
 //!   send queue is strictly FIFO and control information (grants, flags)
 //!   rides on the next fragment instead.
 
-use super::config::{SmbdConfig, DATA_TRANSFER_HEADER_LEN, DATA_TRANSFER_PAYLOAD_OFFSET, SMBD_VERSION_1};
+use super::config::{
+    SmbdConfig, DATA_TRANSFER_HEADER_LEN, DATA_TRANSFER_PAYLOAD_OFFSET, SMBD_VERSION_1,
+};
 use super::credits::{Credits, ReceivePoster};
 use super::negotiation::{
-    evaluate_negotiate_request, evaluate_negotiate_response, negotiate_request_for, negotiate_response_for,
-    NegotiateDecision, NegotiatedParams,
+    evaluate_negotiate_request, evaluate_negotiate_response, negotiate_request_for,
+    negotiate_response_for, NegotiateDecision, NegotiatedParams,
 };
 use super::reassembly::{Fragment, Reassembly};
 use super::send_queue::{QueuedMessage, SendQueue};
 use super::terminate::TerminateReason;
-use super::wire::{DataTransfer, DataTransferRepr, NegotiateResponseRepr, PayloadError, SMB_DIRECT_RESPONSE_REQUESTED};
+use super::wire::{
+    DataTransfer, DataTransferRepr, NegotiateResponseRepr, PayloadError,
+    SMB_DIRECT_RESPONSE_REQUESTED,
+};
 use crate::ntstatus::{self, NtStatus};
 use crate::time::Instant;
 
@@ -243,7 +256,11 @@ impl Connection {
             max_fragmented_recv_size: cfg.max_fragmented_recv_size,
             // 3.1.4.1: "Set Connection.MaxReadWriteSize to 0" (active);
             // 3.1.7.2 initialises it (passive).
-            max_read_write_size: if role == Role::Active { 0 } else { cfg.max_read_write_size },
+            max_read_write_size: if role == Role::Active {
+                0
+            } else {
+                cfg.max_read_write_size
+            },
             receive_credit_target: 0,
             initial_send_credits: 0,
         };
@@ -381,7 +398,12 @@ impl Connection {
     /// [MS-SMBD] 3.1.4.2 / 3.1.5.1: queue an upper-layer message of `len`
     /// bytes, named by `handle`, with an optional remote token to
     /// invalidate. Transmission happens through `poll_transmit`.
-    pub fn send(&mut self, handle: u64, len: u32, invalidate_token: Option<u32>) -> Result<(), SendError> {
+    pub fn send(
+        &mut self,
+        handle: u64,
+        len: u32,
+        invalidate_token: Option<u32>,
+    ) -> Result<(), SendError> {
         if !self.is_established() {
             return Err(SendError::NotEstablished);
         }
@@ -389,10 +411,18 @@ impl Connection {
             return Err(SendError::Empty);
         }
         if len > self.params.max_fragmented_send_size {
-            return Err(SendError::TooLarge { len, max: self.params.max_fragmented_send_size });
+            return Err(SendError::TooLarge {
+                len,
+                max: self.params.max_fragmented_send_size,
+            });
         }
         self.send_queue
-            .push(QueuedMessage { handle, len, sent: 0, invalidate_token })
+            .push(QueuedMessage {
+                handle,
+                len,
+                sent: 0,
+                invalidate_token,
+            })
             .map_err(|_| SendError::QueueFull)
     }
 
@@ -459,7 +489,10 @@ impl Connection {
     }
 
     fn fail_negotiation(&mut self, status: NtStatus) -> Receive {
-        self.control = Some(Control::Response(NegotiateResponseRepr::failure(status), true));
+        self.control = Some(Control::Response(
+            NegotiateResponseRepr::failure(status),
+            true,
+        ));
         self.negotiation_deadline = None;
         Receive::NegotiationFailed(status)
     }
@@ -507,7 +540,9 @@ impl Connection {
 
         let view = match DataTransfer::new_checked(msg) {
             Ok(v) => v,
-            Err(_) => return Err(self.terminate(TerminateReason::DataTransferTooShort { len: msg.len() })),
+            Err(_) => {
+                return Err(self.terminate(TerminateReason::DataTransferTooShort { len: msg.len() }))
+            }
         };
         if view.credits_requested() == 0 {
             return Err(self.terminate(TerminateReason::DataTransferCreditsRequestedZero));
@@ -516,10 +551,12 @@ impl Connection {
             Ok(r) => r,
             Err(e) => {
                 let r = match e {
-                    PayloadError::Unaligned => TerminateReason::DataOffsetUnaligned { offset: view.data_offset() },
-                    PayloadError::InsideHeader => {
-                        TerminateReason::DataOffsetInsideHeader { offset: view.data_offset() }
-                    }
+                    PayloadError::Unaligned => TerminateReason::DataOffsetUnaligned {
+                        offset: view.data_offset(),
+                    },
+                    PayloadError::InsideHeader => TerminateReason::DataOffsetInsideHeader {
+                        offset: view.data_offset(),
+                    },
                     PayloadError::BeyondMessage => TerminateReason::DataBeyondMessage {
                         offset: view.data_offset(),
                         length: view.data_length(),
@@ -571,11 +608,17 @@ impl Connection {
             Ok(Fragment::More) => Ok(Receive::Nothing),
             Ok(Fragment::Whole) => {
                 self.stats.messages_delivered += 1;
-                Ok(Receive::Message { data: MessageData::InPlace(range), invalidated_token: self.invalidated_token.take() })
+                Ok(Receive::Message {
+                    data: MessageData::InPlace(range),
+                    invalidated_token: self.invalidated_token.take(),
+                })
             }
             Ok(Fragment::Complete) => {
                 self.stats.messages_delivered += 1;
-                Ok(Receive::Message { data: MessageData::Reassembled, invalidated_token: self.invalidated_token.take() })
+                Ok(Receive::Message {
+                    data: MessageData::Reassembled,
+                    invalidated_token: self.invalidated_token.take(),
+                })
             }
         }
     }
@@ -609,7 +652,9 @@ impl Connection {
         }
         let has_data = !self.send_queue.is_empty();
         let want_empty = !has_data
-            && (self.keepalive == KeepaliveState::Pending || self.send_immediate || self.grant_needed());
+            && (self.keepalive == KeepaliveState::Pending
+                || self.send_immediate
+                || self.grant_needed());
         if !has_data && !want_empty {
             return None;
         }
@@ -620,7 +665,8 @@ impl Connection {
         // 3.1.5.9 credit processing before every send; on the last send
         // credit, make sure there is something to grant.
         let last = self.credits.send_credits == 1;
-        self.credits.top_up(poster, last && self.credits.unannounced() == 0);
+        self.credits
+            .top_up(poster, last && self.credits.unannounced() == 0);
         if last && self.credits.recv_posted < 2 {
             // Spending our last credit obliges the peer to send us a grant.
             // Leave it at least two credits so that its grant is not its
@@ -637,7 +683,8 @@ impl Connection {
             self.stats.credit_stalls += 1;
             return None;
         }
-        let only_grant = !has_data && self.keepalive != KeepaliveState::Pending && !self.send_immediate;
+        let only_grant =
+            !has_data && self.keepalive != KeepaliveState::Pending && !self.send_immediate;
         if only_grant && grant == 0 {
             // Nothing could be posted: an empty message would say nothing.
             return None;
@@ -664,7 +711,9 @@ impl Connection {
             flags,
             ..DataTransferRepr::default()
         };
-        let max_seg = (self.params.max_send_size as usize).saturating_sub(DATA_TRANSFER_PAYLOAD_OFFSET).max(1) as u32;
+        let max_seg = (self.params.max_send_size as usize)
+            .saturating_sub(DATA_TRANSFER_PAYLOAD_OFFSET)
+            .max(1) as u32;
         let (payload, invalidate_token) = match self.send_queue.front_mut() {
             None => {
                 self.stats.empty_sent += 1;
@@ -681,7 +730,12 @@ impl Connection {
                 repr.remaining_data_length = m.len - m.sent;
                 // 3.1.5.4: the token goes with exactly one segment: the last.
                 let token = if last_seg { m.invalidate_token } else { None };
-                let slice = PayloadSlice { handle: m.handle, offset, len: seg, last: last_seg };
+                let slice = PayloadSlice {
+                    handle: m.handle,
+                    offset,
+                    len: seg,
+                    last: last_seg,
+                };
                 if last_seg {
                     self.send_queue.pop();
                 }

@@ -20,6 +20,25 @@ pub trait ReceivePoster {
     fn post_receives(&mut self, want: u16) -> u16;
 }
 
+/// The receive buffers a [`ReceivePoster`] must be able to post for one
+/// connection, beyond those the upper layer is still handling: the most a
+/// connection ever has posted, ReceiveCreditMax plus the one extra receive
+/// that pays for the grant accompanying the last send credit ([MS-SMBD]
+/// 3.1.5.1, 3.1.5.9 "post at least one receive").
+///
+/// With fewer, a sender can stall at its last send credit: all its
+/// receives are posted and already granted to a peer that has nothing to
+/// send, so it has nothing to grant and 3.1.5.1 forbids the send. Only the
+/// peer's keepalive ends the stall (pinned by
+/// `receive_pool_below_receive_credit_max_plus_one_stalls_at_the_last_credit`
+/// in `protocol/tests/smbd_connection.rs`).
+pub const fn receive_buffers_required(receive_credit_max: u16) -> u32 {
+    match receive_credit_max {
+        0 => 2,
+        max => max as u32 + 1,
+    }
+}
+
 /// A poster with an unlimited supply, counting what it posted (tests, and
 /// callers that account buffers elsewhere).
 #[derive(Debug, Default, Clone, Copy)]
@@ -63,7 +82,9 @@ impl Credits {
     /// How many receives we aim to keep posted: the peer's request, capped
     /// by our maximum, and never less than one.
     pub fn receive_target(&self) -> u16 {
-        self.receive_credit_target.min(self.receive_credit_max).max(1)
+        self.receive_credit_target
+            .min(self.receive_credit_max)
+            .max(1)
     }
 
     /// Posted receives not yet announced to the peer.
@@ -126,7 +147,11 @@ mod tests {
 
     #[test]
     fn top_up_posts_to_target_and_grant_announces_them() {
-        let mut c = Credits { receive_credit_max: 255, receive_credit_target: 10, ..Default::default() };
+        let mut c = Credits {
+            receive_credit_max: 255,
+            receive_credit_target: 10,
+            ..Default::default()
+        };
         let mut p = CountingPoster::default();
         assert_eq!(c.top_up(&mut p, false), 10);
         assert_eq!(c.take_grant(), 10);
@@ -140,7 +165,11 @@ mod tests {
 
     #[test]
     fn top_up_is_capped_by_receive_credit_max_plus_one() {
-        let mut c = Credits { receive_credit_max: 4, receive_credit_target: 65535, ..Default::default() };
+        let mut c = Credits {
+            receive_credit_max: 4,
+            receive_credit_target: 65535,
+            ..Default::default()
+        };
         let mut p = CountingPoster::default();
         assert_eq!(c.top_up(&mut p, false), 4);
         assert_eq!(c.top_up(&mut p, true), 1);

@@ -13,8 +13,8 @@ pub mod wire;
 
 pub use config::SmbdConfig;
 pub use connection::{
-    Connection, ConnectionStats, KeepaliveState, MessageData, PayloadSlice, Receive, Role, SendError, Transmit,
-    TransmitKind, MAX_HEADER_LEN, NEGOTIATE_RECEIVES,
+    Connection, ConnectionStats, KeepaliveState, MessageData, PayloadSlice, Receive, Role,
+    SendError, Transmit, TransmitKind, MAX_HEADER_LEN, NEGOTIATE_RECEIVES,
 };
 pub use credits::{CountingPoster, Credits, ReceivePoster};
 pub use negotiation::{NegotiateDecision, NegotiatedParams};

@@ -3,10 +3,13 @@
 //! the receives and the response.
 
 use super::config::{
-    SmbdConfig, MIN_FRAGMENTED_SIZE, MIN_RECEIVE_SIZE, SMBD_VERSION_1, WINDOWS_MAX_PREFERRED_SEND_SIZE,
+    SmbdConfig, MIN_FRAGMENTED_SIZE, MIN_RECEIVE_SIZE, SMBD_VERSION_1,
+    WINDOWS_MAX_PREFERRED_SEND_SIZE,
 };
 use super::terminate::TerminateReason;
-use super::wire::{NegotiateRequest, NegotiateRequestRepr, NegotiateResponse, NegotiateResponseRepr};
+use super::wire::{
+    NegotiateRequest, NegotiateRequestRepr, NegotiateResponse, NegotiateResponseRepr,
+};
 use crate::ntstatus::{self, NtStatus};
 
 /// Connection parameters settled by negotiation ([MS-SMBD] 3.1.1.1).
@@ -50,7 +53,9 @@ pub enum NegotiateDecision {
 pub fn evaluate_negotiate_request(cfg: &SmbdConfig, msg: &[u8]) -> NegotiateDecision {
     // "The length of the received message is at least 20 bytes" else terminate.
     let Ok(view) = NegotiateRequest::new_checked(msg) else {
-        return NegotiateDecision::Terminate(TerminateReason::NegotiateRequestTooShort { len: msg.len() });
+        return NegotiateDecision::Terminate(TerminateReason::NegotiateRequestTooShort {
+            len: msg.len(),
+        });
     };
     let req = NegotiateRequestRepr::parse(&view);
     // "The range of values between MinVersion and MaxVersion inclusive MUST
@@ -81,7 +86,10 @@ pub fn evaluate_negotiate_request(cfg: &SmbdConfig, msg: &[u8]) -> NegotiateDeci
     // "SHOULD set Connection.MaxReceiveSize to the smaller of
     // Connection.MaxReceiveSize and PreferredSendSize; if the result is less
     // than 128, MUST be set to 128."
-    let max_receive_size = cfg.max_receive_size.min(req.preferred_send_size).max(MIN_RECEIVE_SIZE);
+    let max_receive_size = cfg
+        .max_receive_size
+        .min(req.preferred_send_size)
+        .max(MIN_RECEIVE_SIZE);
     NegotiateDecision::Accept(NegotiatedParams {
         protocol: SMBD_VERSION_1,
         max_send_size: cfg.max_send_size.min(req.max_receive_size),
@@ -108,7 +116,11 @@ pub fn negotiate_request_for(cfg: &SmbdConfig) -> NegotiateRequestRepr {
 
 /// [MS-SMBD] 3.1.5.3: the success response, given the negotiated values
 /// and the receive credits posted.
-pub fn negotiate_response_for(cfg: &SmbdConfig, p: &NegotiatedParams, credits_granted: u16) -> NegotiateResponseRepr {
+pub fn negotiate_response_for(
+    cfg: &SmbdConfig,
+    p: &NegotiatedParams,
+    credits_granted: u16,
+) -> NegotiateResponseRepr {
     NegotiateResponseRepr {
         min_version: SMBD_VERSION_1,
         max_version: SMBD_VERSION_1,
@@ -125,7 +137,10 @@ pub fn negotiate_response_for(cfg: &SmbdConfig, p: &NegotiatedParams, credits_gr
 
 /// [MS-SMBD] 3.1.5.7: validates a received Negotiate Response on the active
 /// side. Every failed check terminates the connection.
-pub fn evaluate_negotiate_response(cfg: &SmbdConfig, msg: &[u8]) -> Result<NegotiatedParams, TerminateReason> {
+pub fn evaluate_negotiate_response(
+    cfg: &SmbdConfig,
+    msg: &[u8],
+) -> Result<NegotiatedParams, TerminateReason> {
     let Ok(view) = NegotiateResponse::new_checked(msg) else {
         return Err(TerminateReason::NegotiateResponseTooShort { len: msg.len() });
     };
@@ -135,13 +150,19 @@ pub fn evaluate_negotiate_response(cfg: &SmbdConfig, msg: &[u8]) -> Result<Negot
         return Err(TerminateReason::NegotiateResponseStatus { status: rsp.status });
     }
     if rsp.negotiated_version != SMBD_VERSION_1 {
-        return Err(TerminateReason::NegotiateResponseBadVersion { value: rsp.negotiated_version });
+        return Err(TerminateReason::NegotiateResponseBadVersion {
+            value: rsp.negotiated_version,
+        });
     }
     if rsp.max_receive_size < MIN_RECEIVE_SIZE {
-        return Err(TerminateReason::NegotiateMaxReceiveSizeTooSmall { value: rsp.max_receive_size });
+        return Err(TerminateReason::NegotiateMaxReceiveSizeTooSmall {
+            value: rsp.max_receive_size,
+        });
     }
     if rsp.max_fragmented_size < MIN_FRAGMENTED_SIZE {
-        return Err(TerminateReason::NegotiateMaxFragmentedSizeTooSmall { value: rsp.max_fragmented_size });
+        return Err(TerminateReason::NegotiateMaxFragmentedSizeTooSmall {
+            value: rsp.max_fragmented_size,
+        });
     }
     if rsp.credits_granted == 0 {
         return Err(TerminateReason::NegotiateResponseCreditsGrantedZero);
@@ -150,15 +171,20 @@ pub fn evaluate_negotiate_response(cfg: &SmbdConfig, msg: &[u8]) -> Result<Negot
         return Err(TerminateReason::NegotiateCreditsRequestedZero);
     }
     if rsp.preferred_send_size > cfg.max_receive_size {
-        return Err(TerminateReason::NegotiateResponsePreferredSendSizeTooLarge {
-            value: rsp.preferred_send_size,
-            limit: cfg.max_receive_size,
-        });
+        return Err(
+            TerminateReason::NegotiateResponsePreferredSendSizeTooLarge {
+                value: rsp.preferred_send_size,
+                limit: cfg.max_receive_size,
+            },
+        );
     }
     Ok(NegotiatedParams {
         protocol: SMBD_VERSION_1,
         max_send_size: cfg.max_send_size.min(rsp.max_receive_size),
-        max_receive_size: cfg.max_receive_size.min(rsp.preferred_send_size).max(MIN_RECEIVE_SIZE),
+        max_receive_size: cfg
+            .max_receive_size
+            .min(rsp.preferred_send_size)
+            .max(MIN_RECEIVE_SIZE),
         max_fragmented_send_size: rsp.max_fragmented_size,
         max_fragmented_recv_size: cfg.max_fragmented_recv_size,
         // "the smaller of an implementation-specific value <6> and the

@@ -84,13 +84,18 @@ impl core::fmt::Display for SliceError {
         match self {
             SliceError::NoDescriptors => f.write_str("no buffer descriptors"),
             SliceError::ZeroLength => f.write_str("zero-length RDMA transfer"),
-            SliceError::ZeroLengthDescriptor { index } => write!(f, "buffer descriptor {index} has length 0"),
+            SliceError::ZeroLengthDescriptor { index } => {
+                write!(f, "buffer descriptor {index} has length 0")
+            }
             SliceError::DescriptorWraps { index } => {
                 write!(f, "buffer descriptor {index}: Offset+Length overflows")
             }
             SliceError::Overflow => f.write_str("offset+length overflows"),
             SliceError::OutOfRange { end, total } => {
-                write!(f, "transfer ends at byte {end}, descriptors cover only {total}")
+                write!(
+                    f,
+                    "transfer ends at byte {end}, descriptors cover only {total}"
+                )
             }
         }
     }
@@ -136,17 +141,25 @@ pub fn slice<'a, S: DescriptorSource + ?Sized>(
     let mut index = 0;
     let mut skip = offset;
     loop {
-        let d = descs.at(index).ok_or(SliceError::OutOfRange { end, total })?;
+        let d = descs
+            .at(index)
+            .ok_or(SliceError::OutOfRange { end, total })?;
         if skip < d.length as u64 {
             break;
         }
         skip -= d.length as u64;
         index += 1;
     }
-    Ok(RdmaSegments { descs, index, skip, remaining: length, local_offset: 0 })
+    Ok(RdmaSegments {
+        descs,
+        index,
+        skip,
+        remaining: length,
+        local_offset: 0,
+    })
 }
 
-/// Iterator of [`RdmaSegment`]s produced by [`slice`].
+/// Iterator of [`RdmaSegment`]s produced by [`slice()`].
 #[derive(Debug)]
 pub struct RdmaSegments<'a, S: ?Sized> {
     descs: &'a S,
@@ -186,7 +199,11 @@ mod tests {
     use super::*;
 
     fn d(offset: u64, token: u32, length: u32) -> BufferDescriptorRepr {
-        BufferDescriptorRepr { offset, token, length }
+        BufferDescriptorRepr {
+            offset,
+            token,
+            length,
+        }
     }
 
     #[test]
@@ -196,8 +213,18 @@ mod tests {
         assert_eq!(
             segs,
             vec![
-                RdmaSegment { remote_offset: 5050, token: 2, length: 50, local_offset: 0 },
-                RdmaSegment { remote_offset: 9000, token: 3, length: 50, local_offset: 50 },
+                RdmaSegment {
+                    remote_offset: 5050,
+                    token: 2,
+                    length: 50,
+                    local_offset: 0
+                },
+                RdmaSegment {
+                    remote_offset: 9000,
+                    token: 3,
+                    length: 50,
+                    local_offset: 50
+                },
             ]
         );
     }
@@ -206,22 +233,42 @@ mod tests {
     fn slice_within_one_element() {
         let descs = [d(0, 7, 4096)];
         let segs: Vec<_> = slice(&descs[..], 10, 20).unwrap().collect();
-        assert_eq!(segs, vec![RdmaSegment { remote_offset: 10, token: 7, length: 20, local_offset: 0 }]);
+        assert_eq!(
+            segs,
+            vec![RdmaSegment {
+                remote_offset: 10,
+                token: 7,
+                length: 20,
+                local_offset: 0
+            }]
+        );
     }
 
     #[test]
     fn slice_refuses_zero_overflow_and_out_of_range() {
         let descs = [d(0, 7, 4096), d(8192, 8, 4096)];
         assert_eq!(slice(&descs[..], 0, 0).unwrap_err(), SliceError::ZeroLength);
-        assert_eq!(slice(&descs[..], u64::MAX, 2).unwrap_err(), SliceError::Overflow);
+        assert_eq!(
+            slice(&descs[..], u64::MAX, 2).unwrap_err(),
+            SliceError::Overflow
+        );
         assert_eq!(
             slice(&descs[..], 4000, 4197).unwrap_err(),
-            SliceError::OutOfRange { end: 8197, total: 8192 }
+            SliceError::OutOfRange {
+                end: 8197,
+                total: 8192
+            }
         );
         assert_eq!(slice(&[][..], 0, 1).unwrap_err(), SliceError::NoDescriptors);
         let bad = [d(0, 1, 10), d(5, 2, 0)];
-        assert_eq!(slice(&bad[..], 0, 1).unwrap_err(), SliceError::ZeroLengthDescriptor { index: 1 });
+        assert_eq!(
+            slice(&bad[..], 0, 1).unwrap_err(),
+            SliceError::ZeroLengthDescriptor { index: 1 }
+        );
         let wraps = [d(u64::MAX - 3, 1, 10)];
-        assert_eq!(slice(&wraps[..], 0, 1).unwrap_err(), SliceError::DescriptorWraps { index: 0 });
+        assert_eq!(
+            slice(&wraps[..], 0, 1).unwrap_err(),
+            SliceError::DescriptorWraps { index: 0 }
+        );
     }
 }

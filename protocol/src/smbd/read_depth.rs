@@ -1,5 +1,5 @@
 //! The rule that outstanding RDMA Reads never exceed the negotiated ORD
-//! ([MS-SMBD] Appendix A 6.2; [IBARCH] initiator depth). The worker asks
+//! ([MS-SMBD] Appendix A 6.2; IBA initiator depth). The worker asks
 //! before posting each RDMA Read and reports each completion.
 
 /// Counts RDMA Reads in flight on one queue pair against its ORD.
@@ -12,7 +12,10 @@ pub struct ReadDepth {
 impl ReadDepth {
     /// A limiter for a queue pair whose negotiated ORD is `ord` (≥ 1).
     pub fn new(ord: u32) -> Self {
-        ReadDepth { ord: ord.max(1), outstanding: 0 }
+        ReadDepth {
+            ord: ord.max(1),
+            outstanding: 0,
+        }
     }
 
     /// The negotiated ORD.

@@ -88,7 +88,10 @@ impl Reassembly {
         // does not count down is a protocol violation.
         let len = data.len() as u32;
         if len > self.remaining {
-            return Err(TerminateReason::FragmentOverrun { remaining: self.remaining, length: len });
+            return Err(TerminateReason::FragmentOverrun {
+                remaining: self.remaining,
+                length: len,
+            });
         }
         let expected = self.remaining - len;
         if rdl != expected {
@@ -135,15 +138,27 @@ mod tests {
         assert_eq!(r.push(&[0; 10], 10, 1 << 20), Ok(Fragment::More));
         assert_eq!(
             r.push(&[0; 4], 7, 1 << 20),
-            Err(TerminateReason::FragmentCountdownMismatch { expected: 6, got: 7 })
+            Err(TerminateReason::FragmentCountdownMismatch {
+                expected: 6,
+                got: 7
+            })
         );
         let mut r = Reassembly::new();
         r.push(&[0; 10], 3, 1 << 20).unwrap();
-        assert_eq!(r.push(&[0; 4], 0, 1 << 20), Err(TerminateReason::FragmentOverrun { remaining: 3, length: 4 }));
+        assert_eq!(
+            r.push(&[0; 4], 0, 1 << 20),
+            Err(TerminateReason::FragmentOverrun {
+                remaining: 3,
+                length: 4
+            })
+        );
         let mut r = Reassembly::new();
         assert_eq!(
             r.push(&[0; 10], 131_063, 131_072),
-            Err(TerminateReason::FragmentedSizeExceeded { total: 131_073, limit: 131_072 })
+            Err(TerminateReason::FragmentedSizeExceeded {
+                total: 131_073,
+                limit: 131_072
+            })
         );
     }
 }

@@ -28,8 +28,17 @@ pub struct SendQueue {
 impl SendQueue {
     /// A queue of `capacity` messages (allocated here, once).
     pub fn with_capacity(capacity: usize) -> Self {
-        let empty = QueuedMessage { handle: 0, len: 0, sent: 0, invalidate_token: None };
-        SendQueue { slots: vec![empty; capacity.max(1)].into_boxed_slice(), head: 0, len: 0 }
+        let empty = QueuedMessage {
+            handle: 0,
+            len: 0,
+            sent: 0,
+            invalidate_token: None,
+        };
+        SendQueue {
+            slots: vec![empty; capacity.max(1)].into_boxed_slice(),
+            head: 0,
+            len: 0,
+        }
     }
 
     /// Messages queued.
@@ -95,7 +104,12 @@ mod tests {
     use super::*;
 
     fn m(handle: u64) -> QueuedMessage {
-        QueuedMessage { handle, len: 1, sent: 0, invalidate_token: None }
+        QueuedMessage {
+            handle,
+            len: 1,
+            sent: 0,
+            invalidate_token: None,
+        }
     }
 
     #[test]

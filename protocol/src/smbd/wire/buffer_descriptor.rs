@@ -74,7 +74,11 @@ pub struct BufferDescriptorRepr {
 impl BufferDescriptorRepr {
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(p: &BufferDescriptor<T>) -> Self {
-        BufferDescriptorRepr { offset: p.offset(), token: p.token(), length: p.length() }
+        BufferDescriptorRepr {
+            offset: p.offset(),
+            token: p.token(),
+            length: p.length(),
+        }
     }
     /// 16.
     pub const fn buffer_len(&self) -> usize {
@@ -109,10 +113,17 @@ impl<'a> BufferDescriptorArray<'a> {
     pub fn new_checked(bytes: &'a [u8]) -> Result<Self, WireError> {
         const WHAT: &str = "SMBD buffer descriptor array";
         if bytes.len() < BufferDescriptor::<&[u8]>::LEN {
-            return Err(WireError::Truncated { what: WHAT, need: 16, have: bytes.len() });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                need: 16,
+                have: bytes.len(),
+            });
         }
         if bytes.len() % BufferDescriptor::<&[u8]>::LEN != 0 {
-            return Err(WireError::Malformed { what: WHAT, field: "length (not a multiple of 16)" });
+            return Err(WireError::Malformed {
+                what: WHAT,
+                field: "length (not a multiple of 16)",
+            });
         }
         Ok(BufferDescriptorArray { bytes })
     }
@@ -129,8 +140,12 @@ impl<'a> BufferDescriptorArray<'a> {
 
     /// Descriptor `i`, if present.
     pub fn get(&self, i: usize) -> Option<BufferDescriptorRepr> {
-        let b = self.bytes.get(i.checked_mul(16)?..i.checked_mul(16)?.checked_add(16)?)?;
-        Some(BufferDescriptorRepr::parse(&BufferDescriptor::new_unchecked(b)))
+        let b = self
+            .bytes
+            .get(i.checked_mul(16)?..i.checked_mul(16)?.checked_add(16)?)?;
+        Some(BufferDescriptorRepr::parse(
+            &BufferDescriptor::new_unchecked(b),
+        ))
     }
 
     /// Iterates the descriptors in order.

@@ -116,7 +116,10 @@ impl<T: AsRef<[u8]>> DataTransfer<T> {
     /// returns the payload's byte range within the message (`0..0` when
     /// DataLength is 0).
     pub fn check_payload(&self) -> Result<core::ops::Range<usize>, WireError> {
-        self.payload_range().map_err(|e| WireError::Malformed { what: WHAT, field: e.field() })
+        self.payload_range().map_err(|e| WireError::Malformed {
+            what: WHAT,
+            field: e.field(),
+        })
     }
 
     /// [`Self::check_payload`] with the failed rule as a value, for callers

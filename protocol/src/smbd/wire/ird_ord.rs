@@ -72,7 +72,10 @@ pub struct IrdOrdRepr {
 impl IrdOrdRepr {
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(p: &IrdOrdHeader<T>) -> Self {
-        IrdOrdRepr { ird: p.ird(), ord: p.ord() }
+        IrdOrdRepr {
+            ird: p.ird(),
+            ord: p.ord(),
+        }
     }
     /// 8.
     pub const fn buffer_len(&self) -> usize {
@@ -103,8 +106,12 @@ pub enum IrdOrdError {
 impl core::fmt::Display for IrdOrdError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            IrdOrdError::ZeroIrd => f.write_str("IRD/ORD negotiation: resulting IRD is zero ([MS-SMBD] 6.2)"),
-            IrdOrdError::ZeroOrd => f.write_str("IRD/ORD negotiation: resulting ORD is zero ([MS-SMBD] 6.2)"),
+            IrdOrdError::ZeroIrd => {
+                f.write_str("IRD/ORD negotiation: resulting IRD is zero ([MS-SMBD] 6.2)")
+            }
+            IrdOrdError::ZeroOrd => {
+                f.write_str("IRD/ORD negotiation: resulting ORD is zero ([MS-SMBD] 6.2)")
+            }
         }
     }
 }

@@ -13,9 +13,13 @@ mod ird_ord;
 mod negotiate;
 
 pub use buffer_descriptor::{BufferDescriptor, BufferDescriptorArray, BufferDescriptorRepr};
-pub use data_transfer::{DataTransfer, DataTransferRepr, PayloadError, SMB_DIRECT_RESPONSE_REQUESTED};
+pub use data_transfer::{
+    DataTransfer, DataTransferRepr, PayloadError, SMB_DIRECT_RESPONSE_REQUESTED,
+};
 pub use ird_ord::{negotiate_ird_ord, IrdOrdError, IrdOrdHeader, IrdOrdRepr};
-pub use negotiate::{NegotiateRequest, NegotiateRequestRepr, NegotiateResponse, NegotiateResponseRepr};
+pub use negotiate::{
+    NegotiateRequest, NegotiateRequestRepr, NegotiateResponse, NegotiateResponseRepr,
+};
 
 /// A byte range of a fixed-layout field.
 pub(crate) type Field = core::ops::Range<usize>;
@@ -65,7 +69,11 @@ pub(crate) fn set_be32(b: &mut [u8], f: Field, v: u32) {
 
 /// Fails with `Truncated` unless `have >= need`.
 #[inline]
-pub(crate) fn check_len(what: &'static str, have: usize, need: usize) -> Result<(), crate::WireError> {
+pub(crate) fn check_len(
+    what: &'static str,
+    have: usize,
+    need: usize,
+) -> Result<(), crate::WireError> {
     if have < need {
         Err(crate::WireError::Truncated { what, need, have })
     } else {
