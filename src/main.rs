@@ -1,8 +1,18 @@
 //! `smbdirectd`: wires the command line to the crates.
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use smbdirect_controlplane::{admin, cores, signals, start, ServerConfig};
+use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
+use smbdirect_dataplane::provider::Provider;
+use smbdirect_dataplane::upper::Echo;
+use smbdirect_hugepages::{parse_size, HugepageInfo};
 use smbdirect_protocol::smbd::SmbdConfig;
+use smbdirect_protocol::time::Duration as PDuration;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Kernel-bypass SMB Direct ([MS-SMBD]) and Storage QoS ([MS-SQOS]) data-plane service.
@@ -13,12 +23,45 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ProviderKind {
+    /// verbs when an RDMA device is present, else soft.
+    Auto,
+    /// Real RDMA through rdma-core (libibverbs, librdmacm).
+    Verbs,
+    /// The embedded software provider (shared memory, this host only).
+    Soft,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum UpperKind {
+    /// Return every message to its sender (transport benchmark server).
+    Echo,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Runs two SMB Direct protocol state machines against each other in
-    /// this process (no RDMA provider, no network) and prints round-trip
-    /// latency percentiles. A self-check of the protocol core; the service
-    /// (`serve`) and the load generator (`bench`) are not built yet.
+    /// Run the daemon: listen for SMB Direct connections and serve them from
+    /// pinned poll-mode workers.
+    Serve(ServeArgs),
+    /// Ask a running daemon for its counters (over its admin socket).
+    Stats {
+        /// Print the JSON document (field names: README.md, "stats --json").
+        #[arg(long)]
+        json: bool,
+        /// Admin socket of the daemon [default: derived from --port].
+        #[arg(long)]
+        admin_socket: Option<PathBuf>,
+        /// Listen port of the daemon, to derive the admin socket path.
+        #[arg(long, default_value_t = 445)]
+        port: u16,
+    },
+    /// List usable providers, RDMA devices and ports, hugepages, and what
+    /// `--provider auto` would choose.
+    Devices,
+    /// Two SMB Direct protocol state machines against each other in this
+    /// process (no provider, no network): round-trip latency of the
+    /// protocol core.
     Loopback {
         /// Upper-layer message size in bytes (fragmented above MaxSendSize - 24).
         #[arg(long, default_value_t = 512)]
@@ -32,33 +75,334 @@ enum Command {
     },
 }
 
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address and port to listen on (445 is the SMB Direct port on
+    /// InfiniBand and RoCE; iWARP uses 5445).
+    #[arg(long, default_value = "0.0.0.0:445")]
+    listen: SocketAddr,
+    /// RDMA provider.
+    #[arg(long, value_enum, default_value_t = ProviderKind::Auto)]
+    provider: ProviderKind,
+    /// Worker cores: a list like 2,3,6-9 or an SPDK-style mask like 0xC.
+    /// One pinned worker per core [default: all cores but the first].
+    #[arg(long)]
+    cores: Option<String>,
+    /// Outstanding upper-layer requests per connection; sizes queue pairs.
+    #[arg(long, default_value_t = 32)]
+    queue_depth: u32,
+    /// Connections admitted at once; more are refused.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+    /// Buffer pool memory (e.g. 512M, 2G); hugepage-backed when reserved
+    /// (scripts/setup-hugepages.sh).
+    #[arg(long, default_value = "512M")]
+    pool_mem: String,
+    /// [MS-SMBD] Connection.ReceiveCreditMax.
+    #[arg(long, default_value_t = 255)]
+    receive_credit_max: u16,
+    /// [MS-SMBD] Connection.SendCreditTarget.
+    #[arg(long, default_value_t = 255)]
+    send_credit_target: u16,
+    /// [MS-SMBD] Connection.MaxSendSize.
+    #[arg(long, default_value_t = 1364)]
+    max_send_size: u32,
+    /// [MS-SMBD] Connection.MaxReceiveSize.
+    #[arg(long, default_value_t = 8192)]
+    max_receive_size: u32,
+    /// [MS-SMBD] Connection.MaxFragmentedRecvSize.
+    #[arg(long, default_value_t = 1_048_576)]
+    max_fragmented_size: u32,
+    /// [MS-SMBD] Connection.MaxReadWriteSize.
+    #[arg(long, default_value_t = 8_388_608)]
+    max_read_write_size: u32,
+    /// [MS-SMBD] Connection.KeepaliveInterval, seconds.
+    #[arg(long, default_value_t = 120)]
+    keepalive_interval: u64,
+    /// Workers busy-poll, and nap only after this many microseconds without
+    /// work (a dedicated storage node keeps the default; shared test hosts
+    /// set it small).
+    #[arg(long, default_value_t = 10_000)]
+    idle_park_us: u64,
+    /// Upper layer handed each reassembled message (SMB2 comes with the
+    /// SMB2+QoS data path; until then `echo` is the only one).
+    #[arg(long, value_enum, default_value_t = UpperKind::Echo)]
+    upper: UpperKind,
+    /// Admin socket path [default: /run/smbdirectd/smbdirectd-PORT.sock].
+    #[arg(long)]
+    admin_socket: Option<PathBuf>,
+    /// Print one stats line every SECS seconds (0: never).
+    #[arg(long, default_value_t = 0)]
+    stats_interval: u64,
+    /// Seconds in-flight work may take after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 5)]
+    shutdown_grace: u64,
+}
+
+fn usage_error(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("smbdirectd: {msg}");
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Loopback { size, duration, warmup } => {
-            if size == 0 || size > SmbdConfig::default().max_fragmented_recv_size as usize {
-                eprintln!("smbdirectd: --size must be between 1 and 1048576 bytes");
-                return ExitCode::from(2);
+        Command::Serve(a) => serve(a),
+        Command::Stats {
+            json,
+            admin_socket,
+            port,
+        } => stats(json, admin_socket, port),
+        Command::Devices => devices(),
+        Command::Loopback {
+            size,
+            duration,
+            warmup,
+        } => loopback(size, duration, warmup),
+    }
+}
+
+fn serve(a: ServeArgs) -> ExitCode {
+    let available = cores::available_cores();
+    let worker_cores = match &a.cores {
+        Some(s) => match cores::parse_cores(s) {
+            Ok(c) => c,
+            Err(e) => return usage_error(format!("--cores: {e}")),
+        },
+        None => cores::default_worker_cores(&available),
+    };
+    if let Err(e) = cores::check_available(&worker_cores, &available) {
+        return usage_error(format!("--cores: {e}"));
+    }
+    let cp_core = available
+        .iter()
+        .copied()
+        .find(|c| !worker_cores.contains(c));
+    let pool_mem = match parse_size(&a.pool_mem) {
+        Ok(v) => v,
+        Err(e) => return usage_error(format!("--pool-mem: {e}")),
+    };
+    if a.queue_depth == 0 {
+        return usage_error("--queue-depth must be at least 1");
+    }
+    if a.max_connections == 0 {
+        return usage_error("--max-connections must be at least 1");
+    }
+    let smbd = SmbdConfig {
+        receive_credit_max: a.receive_credit_max,
+        send_credit_target: a.send_credit_target,
+        max_send_size: a.max_send_size,
+        max_receive_size: a.max_receive_size,
+        max_fragmented_recv_size: a.max_fragmented_size,
+        max_read_write_size: a.max_read_write_size,
+        keepalive_interval: PDuration::from_secs(a.keepalive_interval),
+        ..SmbdConfig::default()
+    };
+    if let Err(e) = smbd.validate() {
+        return usage_error(e);
+    }
+    let cfg = ServerConfig {
+        listen: a.listen,
+        worker_cores: worker_cores.iter().map(|&c| Some(c)).collect(),
+        cp_core,
+        smbd,
+        queue_depth: a.queue_depth,
+        max_connections: a.max_connections,
+        pool_mem,
+        idle_park: Duration::from_micros(a.idle_park_us),
+        admin_socket: Some(
+            a.admin_socket
+                .clone()
+                .unwrap_or_else(|| admin::default_path(a.listen.port())),
+        ),
+        stats_interval: (a.stats_interval > 0).then(|| Duration::from_secs(a.stats_interval)),
+        shutdown_grace: Duration::from_secs(a.shutdown_grace),
+    };
+    let kind = match a.provider {
+        ProviderKind::Auto => {
+            if verbs::devices().map(|d| !d.is_empty()).unwrap_or(false) {
+                ProviderKind::Verbs
+            } else {
+                ProviderKind::Soft
             }
-            if !(duration > 0.0 && warmup >= 0.0) {
-                eprintln!("smbdirectd: --duration must be positive and --warmup non-negative");
-                return ExitCode::from(2);
+        }
+        k => k,
+    };
+    match kind {
+        ProviderKind::Verbs => match VerbsProvider::open(VerbsConfig::default()) {
+            Ok(p) => run_server(Arc::new(p), cfg, a.upper),
+            Err(e) => {
+                eprintln!("smbdirectd: cannot open an RDMA device: {e} (use --provider soft on hosts without one)");
+                ExitCode::FAILURE
             }
-            match smbdirect_benches::protocol_loopback::run(
-                SmbdConfig::default(),
-                size,
-                Duration::from_secs_f64(warmup),
-                Duration::from_secs_f64(duration),
-            ) {
-                Ok(r) => {
-                    println!("{}", r.table(size));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("smbdirectd: loopback failed: {e}");
-                    ExitCode::FAILURE
-                }
+        },
+        _ => match SoftProvider::new() {
+            Ok(p) => run_server(Arc::new(p), cfg, a.upper),
+            Err(e) => {
+                eprintln!("smbdirectd: cannot start the soft provider: {e}");
+                ExitCode::FAILURE
             }
+        },
+    }
+}
+
+fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, upper: UpperKind) -> ExitCode {
+    if let Err(e) = signals::install() {
+        eprintln!("smbdirectd: cannot install signal handlers: {e}");
+        return ExitCode::FAILURE;
+    }
+    let name = provider.name();
+    let cores_desc: Vec<String> = cfg
+        .worker_cores
+        .iter()
+        .map(|c| c.map_or("-".to_string(), |c| c.to_string()))
+        .collect();
+    let server = match upper {
+        UpperKind::Echo => start(provider, cfg, || Echo),
+    };
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("smbdirectd: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "smbdirectd: serving on {} (provider {name}, upper {:?}, workers on cores {}, admin socket {})",
+        server.local_addr(),
+        upper,
+        cores_desc.join(","),
+        server.admin_path().map_or("none".into(), |p| p.display().to_string())
+    );
+    while !signals::stop_requested() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("smbdirectd: shutting down");
+    let stats = server.shutdown();
+    let t = stats.totals();
+    println!(
+        "smbdirectd: final: {} connections served, {} messages in, {} out, {} protocol errors, {} RDMA errors",
+        t.connections_total, t.messages_in, t.messages_out, t.protocol_errors, t.rdma_errors
+    );
+    for c in stats.pool_classes() {
+        println!(
+            "smbdirectd: final: pool {}: {}/{} buffers free",
+            c.name, c.free, c.total
+        );
+    }
+    println!("smbdirectd: final stats: {}", stats.to_json());
+    ExitCode::SUCCESS
+}
+
+fn stats(json: bool, admin_socket: Option<PathBuf>, port: u16) -> ExitCode {
+    let path = admin_socket.unwrap_or_else(|| admin::default_path(port));
+    match admin::request(&path, "stats") {
+        Ok(doc) => {
+            if json {
+                println!("{doc}");
+            } else {
+                println!("{}", human_stats(&doc));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("smbdirectd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A readable rendering of the stats JSON without a JSON library: one
+/// `key: value` per line for the totals, then the rest verbatim.
+fn human_stats(doc: &str) -> String {
+    let mut out = String::new();
+    if let Some(i) = doc.find("\"total\":{") {
+        let rest = &doc[i + 9..];
+        if let Some(end) = rest.find('}') {
+            out.push_str("totals:\n");
+            for kv in rest[..end].split(',') {
+                out.push_str("  ");
+                out.push_str(&kv.replace('"', "").replace(':', ": "));
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str("full document (stats --json):\n");
+    out.push_str(doc);
+    out
+}
+
+fn devices() -> ExitCode {
+    println!("providers:");
+    println!("  soft: usable (embedded software provider, this host only)");
+    let devs = verbs::devices();
+    match &devs {
+        Ok(d) if d.is_empty() => println!("  verbs: no RDMA device found (rdma-core sees none)"),
+        Ok(d) => println!("  verbs: usable, {} device(s)", d.len()),
+        Err(e) => println!("  verbs: unavailable: {e}"),
+    }
+    if let Ok(d) = &devs {
+        for dev in d {
+            println!(
+                "device {}: node GUID {}, {:?}, max_qp {}, max_mr {}, memory windows {:?}, grants by {:?}",
+                dev.name,
+                dev.node_guid_string(),
+                dev.transport,
+                dev.max_qp,
+                dev.max_mr,
+                dev.memory_windows,
+                dev.grants
+            );
+            for p in &dev.ports {
+                println!(
+                    "  port {}: {:?}, link {:?}, active MTU {}",
+                    p.port, p.state, p.link_layer, p.active_mtu
+                );
+            }
+        }
+    }
+    match HugepageInfo::read() {
+        Ok(h) => println!(
+            "hugepages: {} reserved, {} free, page size {} bytes{}",
+            h.total,
+            h.free,
+            h.page_size,
+            if h.total == 0 {
+                " (pools will use ordinary pages; reserve with scripts/setup-hugepages.sh)"
+            } else {
+                ""
+            }
+        ),
+        Err(e) => println!("hugepages: cannot read /proc/meminfo: {e}"),
+    }
+    let auto = match &devs {
+        Ok(d) if !d.is_empty() => "verbs (an RDMA device is present)",
+        _ => "soft (no RDMA device)",
+    };
+    println!("--provider auto would choose: {auto}");
+    ExitCode::SUCCESS
+}
+
+fn loopback(size: usize, duration: f64, warmup: f64) -> ExitCode {
+    if size == 0 || size > SmbdConfig::default().max_fragmented_recv_size as usize {
+        return usage_error("--size must be between 1 and 1048576 bytes");
+    }
+    if !(duration > 0.0 && warmup >= 0.0) {
+        return usage_error("--duration must be positive and --warmup non-negative");
+    }
+    match smbdirect_benches::protocol_loopback::run(
+        SmbdConfig::default(),
+        size,
+        Duration::from_secs_f64(warmup),
+        Duration::from_secs_f64(duration),
+    ) {
+        Ok(r) => {
+            println!("{}", r.table(size));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("smbdirectd: loopback failed: {e}");
+            ExitCode::FAILURE
         }
     }
 }

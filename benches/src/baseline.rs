@@ -18,7 +18,11 @@ pub fn pin(core: usize) -> bool {
 /// Round-trip latency (ns) of a cache line bounced between two threads
 /// pinned to `cores`: the requester writes `2k+1`, the responder answers
 /// `2k+2`. Runs `warmup` then `duration`.
-pub fn cacheline_pingpong(cores: (usize, usize), warmup: Duration, duration: Duration) -> Histogram<u64> {
+pub fn cacheline_pingpong(
+    cores: (usize, usize),
+    warmup: Duration,
+    duration: Duration,
+) -> Histogram<u64> {
     let line = Arc::new(Line(AtomicU64::new(0)));
     let stop = Arc::new(AtomicBool::new(false));
     let responder = {
@@ -41,7 +45,8 @@ pub fn cacheline_pingpong(cores: (usize, usize), warmup: Duration, duration: Dur
             .expect("spawn responder")
     };
     pin(cores.0);
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
     let start = Instant::now();
     let mut measuring = false;
     let mut v = 0u64;

@@ -82,7 +82,11 @@ fn assemble(t: &Transmit, hdr: &[u8], outgoing: &mut VecDeque<(u64, Vec<u8>)>) -
 }
 
 /// Delivers `wire` to `to`; returns the upper-layer messages it completed.
-fn deliver(to: &mut Side, now: PInstant, wire: &mut VecDeque<Vec<u8>>) -> Result<Vec<Vec<u8>>, String> {
+fn deliver(
+    to: &mut Side,
+    now: PInstant,
+    wire: &mut VecDeque<Vec<u8>>,
+) -> Result<Vec<Vec<u8>>, String> {
     let mut out = Vec::new();
     while let Some(msg) = wire.pop_front() {
         if to.posted.count == 0 {
@@ -90,8 +94,14 @@ fn deliver(to: &mut Side, now: PInstant, wire: &mut VecDeque<Vec<u8>>) -> Result
         }
         to.posted.count -= 1;
         match to.conn.handle_receive(now, &msg, None, &mut to.posted) {
-            Ok(Receive::Message { data: MessageData::InPlace(r), .. }) => out.push(msg[r].to_vec()),
-            Ok(Receive::Message { data: MessageData::Reassembled, .. }) => out.push(to.conn.reassembled().to_vec()),
+            Ok(Receive::Message {
+                data: MessageData::InPlace(r),
+                ..
+            }) => out.push(msg[r].to_vec()),
+            Ok(Receive::Message {
+                data: MessageData::Reassembled,
+                ..
+            }) => out.push(to.conn.reassembled().to_vec()),
             Ok(_) => {}
             Err(e) => return Err(format!("connection terminated: {e}")),
         }
@@ -100,7 +110,12 @@ fn deliver(to: &mut Side, now: PInstant, wire: &mut VecDeque<Vec<u8>>) -> Result
 }
 
 /// Runs `warmup` then `duration` of echo round trips of `size` bytes.
-pub fn run(cfg: SmbdConfig, size: usize, warmup: Duration, duration: Duration) -> Result<LoopbackReport, String> {
+pub fn run(
+    cfg: SmbdConfig,
+    size: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> Result<LoopbackReport, String> {
     cfg.validate().map_err(|e| e.to_string())?;
     let origin = Instant::now();
     let mut client = Side {
@@ -126,7 +141,8 @@ pub fn run(cfg: SmbdConfig, size: usize, warmup: Duration, duration: Duration) -
         return Err("negotiation did not complete".into());
     }
     let payload: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
     let mut round_trips = 0u64;
     let start = Instant::now();
     let mut measured_from = None;
@@ -144,7 +160,10 @@ pub fn run(cfg: SmbdConfig, size: usize, warmup: Duration, duration: Duration) -
         let h = client.next_handle;
         client.next_handle += 1;
         client.outgoing.push_back((h, payload.clone()));
-        client.conn.send(h, size as u32, None).map_err(|e| e.to_string())?;
+        client
+            .conn
+            .send(h, size as u32, None)
+            .map_err(|e| e.to_string())?;
         let mut echoed = None;
         for _ in 0..1_000_000 {
             let now = clock(origin);
@@ -177,8 +196,14 @@ pub fn run(cfg: SmbdConfig, size: usize, warmup: Duration, duration: Duration) -
         round_trips,
         bytes: round_trips * size as u64,
         elapsed,
-        empty_messages: (client.conn.stats().empty_sent, server.conn.stats().empty_sent),
-        credit_stalls: (client.conn.stats().credit_stalls, server.conn.stats().credit_stalls),
+        empty_messages: (
+            client.conn.stats().empty_sent,
+            server.conn.stats().empty_sent,
+        ),
+        credit_stalls: (
+            client.conn.stats().credit_stalls,
+            server.conn.stats().credit_stalls,
+        ),
     })
 }
 
@@ -217,7 +242,13 @@ mod tests {
 
     #[test]
     fn loopback_echoes_fragmented_messages_intact() {
-        let r = run(SmbdConfig::default(), 200_000, Duration::ZERO, Duration::from_millis(50)).unwrap();
+        let r = run(
+            SmbdConfig::default(),
+            200_000,
+            Duration::ZERO,
+            Duration::from_millis(50),
+        )
+        .unwrap();
         assert!(r.round_trips > 0);
         assert_eq!(r.histogram.len(), r.round_trips);
     }

@@ -1,1 +1,15 @@
-//! Control plane: connection arrival, negotiation decisions, Storage QoS flow table (issues 4, 5).
+//! Control plane: one thread (`cp`), not busy-polling, that owns connection
+//! arrival (admission, choice of the least-loaded worker, creation of the
+//! queue pair on that worker's completion queue), the negotiation decision
+//! ([MS-SMBD] 3.1.5.6, taken here with the protocol core and passed back to
+//! the worker), the admin socket, and (with the SMB2+QoS issue) the Storage
+//! QoS flow table. It talks to workers only through bounded lock-free rings.
+
+pub mod admin;
+pub mod server;
+pub mod stats;
+
+pub use server::{start, RunningServer, ServerConfig, ServerError};
+pub use stats::ServerStats;
+pub mod cores;
+pub mod signals;

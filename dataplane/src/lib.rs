@@ -1,4 +1,10 @@
 //! Data plane: RDMA providers and pinned poll-mode workers (issues 3, 4).
 #![warn(missing_debug_implementations)]
 
+pub mod capture;
+pub mod client;
+pub mod endpoint;
+pub mod planes;
 pub mod provider;
+pub mod upper;
+pub mod worker;

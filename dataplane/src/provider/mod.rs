@@ -23,7 +23,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub mod conformance;
 pub mod soft;
+pub mod verbs;
 
 /// Identifies a queue pair within its provider (its QP number on verbs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -44,7 +46,11 @@ pub struct MemoryRegion {
 impl MemoryRegion {
     /// An SGE for `len` bytes at `offset` into this region.
     pub fn sge(&self, offset: u64, len: u32) -> Sge {
-        Sge { addr: self.addr + offset, len, lkey: self.lkey }
+        Sge {
+            addr: self.addr + offset,
+            len,
+            lkey: self.lkey,
+        }
     }
 }
 
@@ -226,7 +232,13 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps { max_send_wr: 512, max_recv_wr: 256, max_sge: 4, ird: 16, ord: 16 }
+        QpCaps {
+            max_send_wr: 512,
+            max_recv_wr: 256,
+            max_sge: 4,
+            ird: 16,
+            ord: 16,
+        }
     }
 }
 
@@ -320,7 +332,13 @@ pub trait QueuePair: Send {
     /// Grants the peer `access` to exactly the bytes of `sge`, through this
     /// queue pair only, until revoked. Completes with [`WcOpcode::Bind`] if
     /// `signaled`.
-    fn grant(&mut self, wr_id: u64, sge: Sge, access: Access, signaled: bool) -> Result<Grant, ProviderError>;
+    fn grant(
+        &mut self,
+        wr_id: u64,
+        sge: Sge,
+        access: Access,
+        signaled: bool,
+    ) -> Result<Grant, ProviderError>;
 
     /// Revokes a grant (local invalidate). Completes with
     /// [`WcOpcode::Revoke`] if `signaled`. Revoking a grant the peer already
@@ -338,9 +356,36 @@ pub trait ConnRequest<P: Provider + ?Sized>: Send {
     /// Peer address.
     fn peer_addr(&self) -> SocketAddr;
     /// Accepts on `cq` (a worker's), replying with `private_data`.
-    fn accept(self, cq: &<P::Cq as CompletionQueue>::Handle, caps: QpCaps, private_data: &[u8]) -> Result<P::Qp, ProviderError>;
+    fn accept(
+        self,
+        cq: &<P::Cq as CompletionQueue>::Handle,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<P::Qp, ProviderError>;
     /// Rejects.
     fn reject(self);
+
+    /// Accepts like [`ConnRequest::accept`], but posts `recvs` on the new
+    /// queue pair *before* the peer learns that the connection is up, so the
+    /// peer's first message (the Negotiate Request) always finds a posted
+    /// receive ([MS-SMBD] 3.1.7.2; a strict provider treats a send with no
+    /// posted receive as fatal). The default accepts, then posts: correct only
+    /// for providers whose peers retry on RNR; the soft and verbs providers
+    /// override it.
+    fn accept_with_receives(
+        self,
+        cq: &<P::Cq as CompletionQueue>::Handle,
+        caps: QpCaps,
+        private_data: &[u8],
+        recvs: &[RecvWr],
+    ) -> Result<P::Qp, ProviderError>
+    where
+        Self: Sized,
+    {
+        let mut qp = self.accept(cq, caps, private_data)?;
+        qp.post_recv(recvs)?;
+        Ok(qp)
+    }
 }
 
 /// A listening endpoint; serviced by the control plane thread.

@@ -1,0 +1,508 @@
+//! Starting and running a server: the buffer pool, its registration, one
+//! pinned worker per core, and the `cp` thread.
+
+use crate::admin::AdminSocket;
+use crate::stats::ServerStats;
+use smbdirect_dataplane::endpoint::recv_wr_id;
+use smbdirect_dataplane::planes::{
+    ring, CloseReason, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
+};
+use smbdirect_dataplane::provider::{
+    CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, ProviderError, QpCaps, RecvWr,
+};
+use smbdirect_dataplane::upper::UpperLayer;
+use smbdirect_dataplane::worker::{Worker, WorkerConfig};
+use smbdirect_hugepages::{Backing, BufId, PoolConfig};
+use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, NegotiateDecision};
+use smbdirect_protocol::smbd::SmbdConfig;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Everything `serve` is configured with.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// One worker per entry, pinned to that core (None: not pinned).
+    pub worker_cores: Vec<Option<usize>>,
+    /// Core for the `cp` thread, when a spare core exists.
+    pub cp_core: Option<usize>,
+    /// SMB Direct parameters.
+    pub smbd: SmbdConfig,
+    /// Outstanding upper-layer requests per connection (sizes queue pairs).
+    pub queue_depth: u32,
+    /// Admission limit.
+    pub max_connections: usize,
+    /// Buffer pool budget in bytes.
+    pub pool_mem: usize,
+    /// Worker idle policy.
+    pub idle_park: Duration,
+    /// Admin socket path (None: no admin socket).
+    pub admin_socket: Option<PathBuf>,
+    /// Print a stats line this often.
+    pub stats_interval: Option<Duration>,
+    /// How long in-flight work may take after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerConfig {
+    /// Queue-pair sizes for a connection ([MS-SMBD] credits and the queue
+    /// depth): every receive credit plus the negotiate and last-credit
+    /// receives; sends bounded by the send credit target.
+    pub fn qp_caps(&self) -> QpCaps {
+        QpCaps {
+            max_recv_wr: self.smbd.receive_credit_max as u32 + 2,
+            max_send_wr: (self.smbd.send_credit_target as u32)
+                .min(self.queue_depth.max(1) * 4 + 16)
+                + 4,
+            max_sge: 4,
+            ird: 16,
+            ord: 16,
+        }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug)]
+pub enum ServerError {
+    /// An invalid configuration, described for the operator.
+    Config(String),
+    /// The RDMA provider failed.
+    Provider(ProviderError),
+    /// The buffer pool could not be built.
+    Pool(String),
+    /// Other I/O (admin socket, threads).
+    Io(std::io::Error),
+}
+
+impl core::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ServerError::Config(s) => f.write_str(s),
+            ServerError::Provider(e) => write!(f, "RDMA provider: {e}"),
+            ServerError::Pool(s) => write!(f, "buffer pool: {s}"),
+            ServerError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+struct WorkerSide<P: Provider> {
+    to: Ring<ToWorker<P::Qp>>,
+    from: Ring<FromWorker>,
+    loans: Ring<u64>,
+    cq: <P::Cq as CompletionQueue>::Handle,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A started server.
+#[derive(Debug)]
+pub struct RunningServer {
+    shutdown: Arc<AtomicBool>,
+    cp: Option<JoinHandle<()>>,
+    stats: Arc<ServerStats>,
+    local_addr: SocketAddr,
+    admin_path: Option<PathBuf>,
+}
+
+impl RunningServer {
+    /// Counters.
+    pub fn stats(&self) -> &Arc<ServerStats> {
+        &self.stats
+    }
+
+    /// The bound address (port 0 resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The admin socket, if any.
+    pub fn admin_path(&self) -> Option<&PathBuf> {
+        self.admin_path.as_ref()
+    }
+
+    /// A flag that, once set, shuts the server down (signal handlers set it).
+    pub fn shutdown_flag(&self) -> Arc<AtomicBool> {
+        self.shutdown.clone()
+    }
+
+    /// Stops accepting, lets in-flight work finish within the grace period,
+    /// disconnects everything, returns every buffer, and joins all threads.
+    pub fn shutdown(mut self) -> Arc<ServerStats> {
+        self.shutdown.store(true, Ordering::Release);
+        self.join()
+    }
+
+    /// Waits until the server stops (after the shutdown flag is set).
+    pub fn join(&mut self) -> Arc<ServerStats> {
+        if let Some(t) = self.cp.take() {
+            let _ = t.join();
+        }
+        self.stats.clone()
+    }
+}
+
+/// Starts a server on `provider` with one `upper()` per worker.
+pub fn start<P: Provider, U: UpperLayer>(
+    provider: Arc<P>,
+    cfg: ServerConfig,
+    upper: impl Fn() -> U,
+) -> Result<RunningServer, ServerError> {
+    cfg.smbd
+        .validate()
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    if cfg.worker_cores.is_empty() {
+        return Err(ServerError::Config(
+            "at least one worker core is needed".into(),
+        ));
+    }
+    if cfg.max_connections == 0 {
+        return Err(ServerError::Config(
+            "--max-connections must be at least 1".into(),
+        ));
+    }
+    let nworkers = cfg.worker_cores.len();
+    let pool = PoolConfig::smbdirect(
+        cfg.pool_mem,
+        nworkers,
+        cfg.smbd.max_receive_size as usize,
+        cfg.smbd.max_send_size as usize,
+        (cfg.smbd.max_read_write_size as usize).max(cfg.smbd.max_fragmented_recv_size as usize),
+    )
+    .backing(Backing::SharedMemfd)
+    .build()
+    .map_err(|e| ServerError::Pool(e.to_string()))?;
+    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
+    // SAFETY: the pool's region stays mapped for as long as the pool (and
+    // every clone of it, held by the workers and stats) lives, which outlives
+    // the provider's use of the registration.
+    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
+        .map_err(ServerError::Provider)?;
+    let mut listener = provider.listen(cfg.listen).map_err(ServerError::Provider)?;
+    let local_addr = listener.local_addr();
+    let caps = cfg.qp_caps();
+    let per_worker = cfg.max_connections.div_ceil(nworkers);
+    let cq_entries = (caps.max_recv_wr + caps.max_send_wr) * per_worker as u32;
+
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let mut sides: Vec<WorkerSide<P>> = Vec::with_capacity(nworkers);
+    let mut wstats = Vec::with_capacity(nworkers);
+    for (i, core) in cfg.worker_cores.iter().enumerate() {
+        let cq = provider
+            .create_cq(cq_entries)
+            .map_err(ServerError::Provider)?;
+        let alloc = pool
+            .claim_slice(i)
+            .map_err(|e| ServerError::Pool(e.to_string()))?;
+        let to = ring(per_worker * 2 + 16);
+        let from = ring(per_worker * 4 + 16);
+        let loans = ring(LOANED_RECEIVES);
+        let st = Arc::new(WorkerStats::default());
+        let handle = cq.handle();
+        let worker = Worker::<P, U>::new(
+            WorkerConfig {
+                index: i,
+                core: *core,
+                smbd: cfg.smbd.clone(),
+                idle_park: cfg.idle_park,
+                max_connections: per_worker,
+                shutdown_grace: cfg.shutdown_grace,
+                send_depth: caps.max_send_wr,
+            },
+            cq,
+            alloc,
+            mr,
+            upper(),
+            to.clone(),
+            from.clone(),
+            loans.clone(),
+            st.clone(),
+        );
+        let ready = ready_tx.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("dp-worker-{i}"))
+            .spawn(move || {
+                worker.run_reporting(move || {
+                    let _ = ready.send(());
+                })
+            })
+            .map_err(ServerError::Io)?;
+        sides.push(WorkerSide {
+            to,
+            from,
+            loans,
+            cq: handle,
+            thread: Some(thread),
+        });
+        wstats.push(st);
+    }
+    let upper_name = upper().name();
+    let stats = Arc::new(ServerStats {
+        workers: wstats,
+        worker_cores: cfg.worker_cores.clone(),
+        accepted: Default::default(),
+        rejected: Default::default(),
+        negotiate_failures: Default::default(),
+        pool,
+        provider: provider.name(),
+        upper: upper_name,
+        provider_counters: Default::default(),
+    });
+    let admin = match &cfg.admin_socket {
+        Some(p) => Some(AdminSocket::bind(p).map_err(ServerError::Io)?),
+        None => None,
+    };
+    let admin_path = admin.as_ref().map(|a| a.path().to_path_buf());
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let cp = {
+        let shutdown = shutdown.clone();
+        let stats = stats.clone();
+        let provider = provider.clone();
+        std::thread::Builder::new()
+            .name("cp".into())
+            .spawn(move || {
+                if let Some(c) = cfg.cp_core {
+                    core_affinity::set_for_current(core_affinity::CoreId { id: c });
+                }
+                let _ = ready_tx.send(());
+                control_loop(
+                    &*provider,
+                    &mut listener,
+                    sides,
+                    &cfg,
+                    &stats,
+                    admin,
+                    &shutdown,
+                    mr,
+                );
+            })
+            .map_err(ServerError::Io)?
+    };
+    // Report the server up only once every thread is pinned and running.
+    for _ in 0..=nworkers {
+        if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            return Err(ServerError::Config(
+                "a worker or the control plane did not start".into(),
+            ));
+        }
+    }
+    Ok(RunningServer {
+        shutdown,
+        cp: Some(cp),
+        stats,
+        local_addr,
+        admin_path,
+    })
+}
+
+struct ConnInfo {
+    peer: SocketAddr,
+    worker: usize,
+}
+
+fn control_loop<P: Provider>(
+    provider: &P,
+    listener: &mut P::Listener,
+    mut sides: Vec<WorkerSide<P>>,
+    cfg: &ServerConfig,
+    stats: &Arc<ServerStats>,
+    admin: Option<AdminSocket>,
+    shutdown: &AtomicBool,
+    mr: MemoryRegion,
+) {
+    let _ = provider;
+    let caps = cfg.qp_caps();
+    let mut conns: HashMap<u64, ConnInfo> = HashMap::new();
+    let mut attaching = vec![0usize; sides.len()];
+    let mut next_id = 1u64;
+    let mut last_line = Instant::now();
+    let mut prev = stats.totals();
+    while !shutdown.load(Ordering::Acquire) {
+        match listener.accept_request(Duration::from_millis(2)) {
+            Ok(Some(req)) => {
+                let peer = req.peer_addr();
+                if conns.len() >= cfg.max_connections {
+                    stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    eprintln!(
+                        "smbdirectd: refused connection from {peer}: at --max-connections {}",
+                        cfg.max_connections
+                    );
+                    req.reject();
+                } else {
+                    // Least-loaded worker: live connections plus those on their way.
+                    let w = (0..sides.len())
+                        .min_by_key(|&i| {
+                            stats.workers[i].connections.load(Ordering::Relaxed) as usize
+                                + attaching[i]
+                        })
+                        .unwrap_or(0);
+                    // Post the negotiate receive before accepting, with a
+                    // buffer the worker lent us (3.1.7.2).
+                    let loan = sides[w].loans.pop().map(BufId::from_bits);
+                    let Some(rbuf) = loan.and_then(|b| stats.pool.locate(b).map(|l| (b, l))) else {
+                        stats.rejected.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("smbdirectd: refused connection from {peer}: worker {w} has no free receive buffer");
+                        req.reject();
+                        continue;
+                    };
+                    let recv = [RecvWr {
+                        wr_id: recv_wr_id(rbuf.0),
+                        sge: mr.sge(rbuf.1.offset as u64, rbuf.1.len as u32),
+                    }];
+                    match req.accept_with_receives(&sides[w].cq, caps, &[], &recv) {
+                        Ok(qp) => {
+                            let id = next_id;
+                            next_id += 1;
+                            let mut msg = ToWorker::Attach {
+                                conn: id,
+                                qp,
+                                peer,
+                                negotiate_receive_posted: true,
+                            };
+                            // A full ring is backpressure: wait for the worker.
+                            loop {
+                                match sides[w].to.push(msg) {
+                                    Ok(()) => break,
+                                    Err(m) => {
+                                        msg = m;
+                                        std::thread::sleep(Duration::from_micros(100));
+                                    }
+                                }
+                            }
+                            attaching[w] += 1;
+                            conns.insert(id, ConnInfo { peer, worker: w });
+                            stats.accepted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            // The loaned buffer goes home (remote free into the worker's slice).
+                            let _ = stats.pool.free(rbuf.0);
+                            eprintln!("smbdirectd: accepting {peer} failed: {e}");
+                        }
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("smbdirectd: listener error: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+        if let Some(a) = &admin {
+            a.serve_pending(&mut |req| answer(req, stats));
+        }
+        if let Some(iv) = cfg.stats_interval {
+            let el = last_line.elapsed();
+            if el >= iv {
+                println!("smbdirectd: {}", stats.line(&prev, el.as_secs_f64()));
+                prev = stats.totals();
+                last_line = Instant::now();
+            }
+        }
+    }
+    // Shutdown: stop accepting, let workers finish and return every buffer.
+    drop(admin);
+    for s in &sides {
+        let mut msg = ToWorker::Shutdown;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Err(m) = s.to.push(msg) {
+            msg = m;
+            if Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    for i in 0..sides.len() {
+        while !stats.workers[i].exited.load(Ordering::Acquire) {
+            service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(t) = sides[i].thread.take() {
+            let _ = t.join();
+        }
+    }
+    service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+}
+
+fn answer(req: &str, stats: &ServerStats) -> String {
+    match req {
+        "stats" | "stats json" | "stats --json" => stats.to_json(),
+        other => format!(
+            "{{\"error\":\"unknown request '{}'\"}}",
+            other.replace(['"', '\\'], "")
+        ),
+    }
+}
+
+fn service_workers<P: Provider>(
+    sides: &mut [WorkerSide<P>],
+    cfg: &ServerConfig,
+    stats: &ServerStats,
+    conns: &mut HashMap<u64, ConnInfo>,
+    attaching: &mut [usize],
+) {
+    for w in 0..sides.len() {
+        while let Some(m) = sides[w].from.pop() {
+            match m {
+                FromWorker::NegotiateRequest { conn, bytes, len } => {
+                    let decision =
+                        evaluate_negotiate_request(&cfg.smbd, &bytes[..len.min(bytes.len())]);
+                    match decision {
+                        NegotiateDecision::Fail(status) => {
+                            stats.negotiate_failures.fetch_add(1, Ordering::Relaxed);
+                            if let Some(c) = conns.get(&conn) {
+                                eprintln!("smbdirectd: conn {conn} from {}: negotiation refused with {status}", c.peer);
+                            }
+                        }
+                        NegotiateDecision::Terminate(r) => {
+                            if let Some(c) = conns.get(&conn) {
+                                eprintln!(
+                                    "smbdirectd: conn {conn} from {}: terminated: {r}",
+                                    c.peer
+                                );
+                            }
+                        }
+                        NegotiateDecision::Accept(_) => {}
+                    }
+                    let mut msg = ToWorker::Negotiated { conn, decision };
+                    while let Err(m) = sides[w].to.push(msg) {
+                        msg = m;
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                FromWorker::Established { conn } => {
+                    if let Some(c) = conns.get(&conn) {
+                        attaching[c.worker] = attaching[c.worker].saturating_sub(1);
+                    }
+                }
+                FromWorker::Closed {
+                    conn,
+                    reason,
+                    peer_violation,
+                } => {
+                    if let Some(c) = conns.remove(&conn) {
+                        if peer_violation {
+                            eprintln!("smbdirectd: conn {conn} from {}: protocol violation, terminated: {reason}", c.peer);
+                        } else if !matches!(reason, CloseReason::Shutdown) {
+                            eprintln!("smbdirectd: conn {conn} from {}: closed: {reason}", c.peer);
+                        }
+                        // A connection that never established still counted as attaching.
+                        if attaching[c.worker] > 0
+                            && stats.workers[c.worker].connections.load(Ordering::Relaxed) == 0
+                        {
+                            attaching[c.worker] = 0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Counters of a running server, readable from any thread, and their JSON
+//! form (field names are documented in README.md, "stats --json").
+
+use smbdirect_dataplane::planes::{WorkerStats, WorkerStatsSnapshot};
+use smbdirect_hugepages::BufferPool;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Control-plane counters plus every worker's.
+#[derive(Debug)]
+pub struct ServerStats {
+    /// Per-worker counters, by worker index.
+    pub workers: Vec<Arc<WorkerStats>>,
+    /// Core each worker is pinned to.
+    pub worker_cores: Vec<Option<usize>>,
+    /// Connection requests accepted.
+    pub accepted: AtomicU64,
+    /// Connection requests rejected (admission).
+    pub rejected: AtomicU64,
+    /// Negotiations refused with a failure response.
+    pub negotiate_failures: AtomicU64,
+    /// The buffer pool.
+    pub pool: BufferPool,
+    /// Provider name.
+    pub provider: &'static str,
+    /// Upper layer name.
+    pub upper: &'static str,
+    /// Extra provider counters (name, value), refreshed by the control plane.
+    pub provider_counters: std::sync::Mutex<Vec<(&'static str, u64)>>,
+}
+
+/// Pool class counters, summed over slices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolClassTotals {
+    /// Class name.
+    pub name: String,
+    /// Buffer size.
+    pub buf_size: usize,
+    /// Buffers.
+    pub total: u64,
+    /// Free buffers.
+    pub free: u64,
+}
+
+impl ServerStats {
+    /// Sum over workers.
+    pub fn totals(&self) -> WorkerStatsSnapshot {
+        let mut t = WorkerStatsSnapshot::default();
+        for w in &self.workers {
+            t += w.snapshot();
+        }
+        t
+    }
+
+    /// Pool counters per class, summed over slices.
+    pub fn pool_classes(&self) -> Vec<PoolClassTotals> {
+        let mut out: Vec<PoolClassTotals> = Vec::new();
+        for c in 0..self.pool.class_count() {
+            let cid = smbdirect_hugepages::ClassId(c as u8);
+            let Some(layout) = self.pool.class_layout(cid) else {
+                continue;
+            };
+            let mut t = PoolClassTotals {
+                name: layout.name.clone(),
+                buf_size: layout.buf_size,
+                total: 0,
+                free: 0,
+            };
+            for s in 0..self.pool.slice_count() {
+                if let Some(cs) = self.pool.class_stats(s, cid) {
+                    t.total += cs.total as u64;
+                    t.free += cs.free as u64;
+                }
+            }
+            out.push(t);
+        }
+        out
+    }
+
+    /// The JSON document `smbdirectd stats --json` prints.
+    pub fn to_json(&self) -> String {
+        let mut s = String::new();
+        let t = self.totals();
+        let _ = write!(
+            s,
+            "{{\"provider\":\"{}\",\"upper\":\"{}\",",
+            self.provider, self.upper
+        );
+        let _ = write!(
+            s,
+            "\"accepted\":{},\"rejected\":{},\"negotiate_failures\":{},",
+            self.accepted.load(Ordering::Relaxed),
+            self.rejected.load(Ordering::Relaxed),
+            self.negotiate_failures.load(Ordering::Relaxed)
+        );
+        s.push_str("\"total\":");
+        snapshot_json(&mut s, &t);
+        s.push_str(",\"workers\":[");
+        for (i, w) in self.workers.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let core = self
+                .worker_cores
+                .get(i)
+                .copied()
+                .flatten()
+                .map_or("null".to_string(), |c| c.to_string());
+            let _ = write!(s, "{{\"index\":{i},\"core\":{core},\"stats\":");
+            snapshot_json(&mut s, &w.snapshot());
+            s.push('}');
+        }
+        s.push_str("],\"pool\":{");
+        let _ = write!(
+            s,
+            "\"hugepage_backed\":{},\"region_bytes\":{},\"classes\":[",
+            self.pool.is_hugepage_backed(),
+            self.pool.region_len()
+        );
+        for (i, c) in self.pool_classes().iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let _ = write!(
+                s,
+                "{{\"name\":\"{}\",\"buf_size\":{},\"total\":{},\"free\":{}}}",
+                c.name, c.buf_size, c.total, c.free
+            );
+        }
+        s.push_str("]},\"provider_counters\":{");
+        if let Ok(pc) = self.provider_counters.lock() {
+            for (i, (k, v)) in pc.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                let _ = write!(s, "\"{k}\":{v}");
+            }
+        }
+        s.push_str("}}");
+        s
+    }
+
+    /// The one-line summary printed every `--stats-interval`.
+    pub fn line(&self, prev: &WorkerStatsSnapshot, secs: f64) -> String {
+        let t = self.totals();
+        let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / secs.max(1e-9);
+        format!(
+            "conns {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | credit stalls {} | rnr {} | errors {}",
+            t.connections,
+            rate(t.messages_in, prev.messages_in),
+            rate(t.messages_out, prev.messages_out),
+            rate(t.bytes_in, prev.bytes_in) / 1e6,
+            rate(t.bytes_out, prev.bytes_out) / 1e6,
+            t.credit_stalls,
+            t.rnr,
+            t.protocol_errors + t.rdma_errors
+        )
+    }
+}
+
+fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
+    let _ = write!(
+        s,
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"timeouts\":{}}}",
+        t.connections,
+        t.connections_total,
+        t.messages_in,
+        t.messages_out,
+        t.bytes_in,
+        t.bytes_out,
+        t.credit_stalls,
+        t.rnr,
+        t.protocol_errors,
+        t.rdma_errors,
+        t.pool_stalls,
+        t.timeouts
+    );
+}

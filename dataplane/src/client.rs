@@ -1,0 +1,221 @@
+//! The active side: one SMB Direct connection driven from the calling
+//! thread by busy-polling its own completion queue. Used by the load
+//! generator, the end-to-end tests and `torture`; the server never uses it.
+
+use crate::endpoint::{Endpoint, EndpointError, Event};
+use crate::provider::{Completion, CompletionQueue, MemoryRegion, Provider, ProviderError, QpCaps};
+use smbdirect_hugepages::{BufferPool, SliceAllocator};
+use smbdirect_protocol::smbd::{Connection, SmbdConfig};
+use smbdirect_protocol::time::Instant as PInstant;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Why a client operation failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// Connection setup failed.
+    Provider(ProviderError),
+    /// The connection ended.
+    Endpoint(EndpointError),
+    /// Negotiation or a receive did not finish in time.
+    Timeout(&'static str),
+    /// No pool buffer for the message.
+    PoolExhausted,
+    /// The message cannot be sent (too large, queue full).
+    Send(smbdirect_protocol::smbd::SendError),
+}
+
+impl core::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ClientError::Provider(e) => write!(f, "{e}"),
+            ClientError::Endpoint(e) => write!(f, "{e}"),
+            ClientError::Timeout(w) => write!(f, "timed out waiting for {w}"),
+            ClientError::PoolExhausted => f.write_str("buffer pool exhausted"),
+            ClientError::Send(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<ProviderError> for ClientError {
+    fn from(e: ProviderError) -> Self {
+        ClientError::Provider(e)
+    }
+}
+
+impl From<EndpointError> for ClientError {
+    fn from(e: EndpointError) -> Self {
+        ClientError::Endpoint(e)
+    }
+}
+
+/// One connection to an SMB Direct server.
+pub struct Client<P: Provider> {
+    cq: P::Cq,
+    ep: Endpoint<P::Qp>,
+    alloc: SliceAllocator,
+    origin: Instant,
+    wcs: [Completion; 16],
+}
+
+impl<P: Provider> core::fmt::Debug for Client<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Client")
+            .field("established", &self.ep.connection().is_established())
+            .finish()
+    }
+}
+
+impl<P: Provider> Client<P> {
+    /// Connects to `addr` and negotiates ([MS-SMBD] 3.1.4.1, 3.1.5.2, 3.1.5.7).
+    /// `alloc` is a claimed slice of `mr`'s pool.
+    pub fn connect(
+        provider: &P,
+        addr: SocketAddr,
+        cfg: SmbdConfig,
+        alloc: SliceAllocator,
+        mr: MemoryRegion,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let caps = QpCaps {
+            max_recv_wr: cfg.receive_credit_max as u32 + 2,
+            max_send_wr: cfg.send_credit_target as u32 + 8,
+            ..QpCaps::default()
+        };
+        let cq = provider.create_cq(caps.max_recv_wr + caps.max_send_wr)?;
+        let (qp, _pd) = provider.connect(addr, &cq.handle(), caps, &[], timeout)?;
+        let pool: BufferPool = alloc.pool().clone();
+        let origin = Instant::now();
+        let conn = Connection::new_active(cfg, PInstant::ZERO);
+        let mut ep = Endpoint::new(qp, conn, pool, mr);
+        ep.set_send_depth(caps.max_send_wr);
+        let mut c = Client {
+            cq,
+            ep,
+            alloc,
+            origin,
+            wcs: [Completion::EMPTY; 16],
+        };
+        if !c.ep.post_negotiate_receive(&mut c.alloc) {
+            return Err(ClientError::PoolExhausted);
+        }
+        let now = c.now();
+        c.ep.flush(now, &mut c.alloc)?;
+        let deadline = Instant::now() + timeout;
+        while !c.ep.connection().is_established() {
+            if Instant::now() > deadline {
+                return Err(ClientError::Timeout("the negotiate response"));
+            }
+            c.step(&mut |_, _| {})?;
+        }
+        Ok(c)
+    }
+
+    fn now(&self) -> PInstant {
+        PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    /// The SMB Direct state.
+    pub fn connection(&self) -> &Connection {
+        self.ep.connection()
+    }
+
+    /// The endpoint (queue pair access for RDMA grants).
+    pub fn endpoint_mut(&mut self) -> &mut Endpoint<P::Qp> {
+        &mut self.ep
+    }
+
+    /// The pool slice.
+    pub fn alloc_mut(&mut self) -> &mut SliceAllocator {
+        &mut self.alloc
+    }
+
+    /// Polls once: completions, timers, transmits. Calls `on_msg` with each
+    /// delivered message. Returns whether anything happened.
+    pub fn step(
+        &mut self,
+        on_msg: &mut dyn FnMut(&[u8], Option<u32>),
+    ) -> Result<bool, ClientError> {
+        let n = self.cq.poll(&mut self.wcs);
+        let now = self.now();
+        for i in 0..n {
+            let wc = self.wcs[i];
+            match self.ep.on_completion(now, &wc, &mut self.alloc)? {
+                Some(Event::Message(d)) => {
+                    on_msg(self.ep.message(&d), d.invalidated_token);
+                    self.ep.release(d, &mut self.alloc);
+                }
+                Some(Event::NegotiateRequest { .. }) | None => {}
+            }
+        }
+        if self
+            .ep
+            .connection()
+            .poll_timeout()
+            .is_some_and(|t| t <= now)
+        {
+            self.ep.on_timer(now)?;
+        }
+        self.ep.flush(now, &mut self.alloc)?;
+        Ok(n > 0)
+    }
+
+    /// Queues `msg` (copied into a pool buffer) and starts sending it.
+    pub fn send(&mut self, msg: &[u8]) -> Result<(), ClientError> {
+        let id = self
+            .alloc
+            .alloc_len(msg.len().max(1))
+            .map_err(|_| ClientError::PoolExhausted)?;
+        let pool = self.alloc.pool().clone();
+        // SAFETY: `id` was just allocated and is exclusively ours.
+        match unsafe { pool.bytes_mut(id) } {
+            Some(b) if b.len() >= msg.len() => b[..msg.len()].copy_from_slice(msg),
+            _ => {
+                let _ = self.alloc.free(id);
+                return Err(ClientError::PoolExhausted);
+            }
+        }
+        if let Err(e) = self.ep.send(id, msg.len() as u32) {
+            let _ = self.alloc.free(id);
+            return Err(ClientError::Send(e));
+        }
+        let now = self.now();
+        self.ep.flush(now, &mut self.alloc)?;
+        Ok(())
+    }
+
+    /// Busy-polls until one message arrives (or `timeout`), handing it to `f`.
+    pub fn recv_with<R>(
+        &mut self,
+        timeout: Duration,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ClientError> {
+        let deadline = Instant::now() + timeout;
+        let mut f = Some(f);
+        let mut out = None;
+        while out.is_none() {
+            self.step(&mut |m, _| {
+                if let Some(f) = f.take() {
+                    out = Some(f(m));
+                }
+            })?;
+            if out.is_none() && Instant::now() > deadline {
+                return Err(ClientError::Timeout("a message"));
+            }
+        }
+        Ok(out.expect("set above"))
+    }
+
+    /// Closes the connection and waits (up to `timeout`) for every posted
+    /// buffer to come back.
+    pub fn close(mut self, timeout: Duration) -> SliceAllocator {
+        self.ep.close(&mut self.alloc);
+        let deadline = Instant::now() + timeout;
+        while self.ep.outstanding() > 0 && Instant::now() < deadline {
+            let _ = self.step(&mut |_, _| {});
+        }
+        self.alloc
+    }
+}

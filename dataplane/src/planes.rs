@@ -1,0 +1,217 @@
+//! What the control plane and the workers say to each other, and the
+//! counters workers publish. Both planes depend on this one module; the
+//! channels are bounded lock-free rings (a full ring is backpressure to the
+//! sender, never a drop and never growth).
+
+use crossbeam_queue::ArrayQueue;
+use smbdirect_protocol::smbd::{NegotiateDecision, TerminateReason};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Identifies a connection across both planes.
+pub type ConnId = u64;
+
+/// Control plane → worker.
+#[derive(Debug)]
+pub enum ToWorker<Q> {
+    /// A new connection whose queue pair was created on this worker's CQ;
+    /// it is PASSIVE and its negotiate receive must be posted.
+    Attach {
+        /// Connection id.
+        conn: ConnId,
+        /// The queue pair.
+        qp: Q,
+        /// Peer address (for logs).
+        peer: SocketAddr,
+        /// The negotiate receive was posted before accepting, with a buffer
+        /// the worker lent the control plane (see [`LOANED_RECEIVES`]).
+        negotiate_receive_posted: bool,
+    },
+    /// The negotiation decision for a connection ([MS-SMBD] 3.1.5.6).
+    Negotiated {
+        /// Connection id.
+        conn: ConnId,
+        /// What to do.
+        decision: NegotiateDecision,
+    },
+    /// Stop: finish in-flight work within the grace period, disconnect
+    /// everything, return every buffer, exit.
+    Shutdown,
+}
+
+/// Why a connection closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The SMB Direct state machine terminated it.
+    Protocol(TerminateReason),
+    /// An RDMA work request failed (RNR, access error, flush after loss).
+    Provider(crate::provider::WcStatus),
+    /// The worker had no room for it.
+    Capacity,
+    /// Shut down.
+    Shutdown,
+}
+
+impl core::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CloseReason::Protocol(r) => write!(f, "{r}"),
+            CloseReason::Provider(s) => write!(f, "RDMA error {s:?}"),
+            CloseReason::Capacity => f.write_str("worker at its connection limit"),
+            CloseReason::Shutdown => f.write_str("shutdown"),
+        }
+    }
+}
+
+/// Worker → control plane.
+#[derive(Debug, Clone, Copy)]
+pub enum FromWorker {
+    /// A Negotiate Request arrived; decide it.
+    NegotiateRequest {
+        /// Connection id.
+        conn: ConnId,
+        /// The first 32 bytes of the message.
+        bytes: [u8; 32],
+        /// The message's length.
+        len: usize,
+    },
+    /// Negotiation completed.
+    Established {
+        /// Connection id.
+        conn: ConnId,
+    },
+    /// The connection is gone and every buffer it held is back in the pool.
+    Closed {
+        /// Connection id.
+        conn: ConnId,
+        /// Why.
+        reason: CloseReason,
+        /// Was it the peer's fault (a protocol violation)?
+        peer_violation: bool,
+    },
+}
+
+/// Receive buffers each worker keeps lent to the control plane, which posts
+/// one as the negotiate receive of every connection it accepts for that
+/// worker, before accepting ([MS-SMBD] 3.1.7.2). The worker refills the loan
+/// ring from its pool slice; the buffer comes home through the worker's own
+/// completion queue like any other receive.
+pub const LOANED_RECEIVES: usize = 16;
+
+/// A bounded lock-free ring in one direction.
+pub type Ring<T> = Arc<ArrayQueue<T>>;
+
+/// Creates a ring of `capacity` entries.
+pub fn ring<T>(capacity: usize) -> Ring<T> {
+    Arc::new(ArrayQueue::new(capacity.max(1)))
+}
+
+/// Counters a worker publishes (single writer: the worker; readers: the
+/// control plane's stats and the admin socket). Relaxed atomics: each value
+/// is individually exact, a snapshot across fields is approximate.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Live connections.
+    pub connections: AtomicU64,
+    /// Connections accepted over the worker's life.
+    pub connections_total: AtomicU64,
+    /// Upper-layer messages received.
+    pub messages_in: AtomicU64,
+    /// Upper-layer messages sent.
+    pub messages_out: AtomicU64,
+    /// Upper-layer bytes received.
+    pub bytes_in: AtomicU64,
+    /// Upper-layer bytes sent.
+    pub bytes_out: AtomicU64,
+    /// Transmits held back for lack of a send credit.
+    pub credit_stalls: AtomicU64,
+    /// RNR failures (a peer sent with no receive posted, or we did).
+    pub rnr: AtomicU64,
+    /// Connections terminated for a peer protocol violation.
+    pub protocol_errors: AtomicU64,
+    /// Other RDMA errors.
+    pub rdma_errors: AtomicU64,
+    /// Times a buffer was not available and work waited.
+    pub pool_stalls: AtomicU64,
+    /// Connections ended by the negotiation or keepalive timers.
+    pub timeouts: AtomicU64,
+    /// Poll-loop iterations that found work.
+    pub busy_polls: AtomicU64,
+    /// Set when the worker thread has exited.
+    pub exited: AtomicBool,
+}
+
+impl WorkerStats {
+    /// Adds `v` to a counter (single writer: a plain load+store would do,
+    /// fetch_add keeps it obviously right).
+    #[inline]
+    pub fn add(c: &AtomicU64, v: u64) {
+        c.fetch_add(v, Ordering::Relaxed);
+    }
+
+    /// A plain-value snapshot.
+    pub fn snapshot(&self) -> WorkerStatsSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WorkerStatsSnapshot {
+            connections: g(&self.connections),
+            connections_total: g(&self.connections_total),
+            messages_in: g(&self.messages_in),
+            messages_out: g(&self.messages_out),
+            bytes_in: g(&self.bytes_in),
+            bytes_out: g(&self.bytes_out),
+            credit_stalls: g(&self.credit_stalls),
+            rnr: g(&self.rnr),
+            protocol_errors: g(&self.protocol_errors),
+            rdma_errors: g(&self.rdma_errors),
+            pool_stalls: g(&self.pool_stalls),
+            timeouts: g(&self.timeouts),
+        }
+    }
+}
+
+/// Plain values of [`WorkerStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerStatsSnapshot {
+    /// Live connections.
+    pub connections: u64,
+    /// Connections accepted over the worker's life.
+    pub connections_total: u64,
+    /// Upper-layer messages received.
+    pub messages_in: u64,
+    /// Upper-layer messages sent.
+    pub messages_out: u64,
+    /// Upper-layer bytes received.
+    pub bytes_in: u64,
+    /// Upper-layer bytes sent.
+    pub bytes_out: u64,
+    /// Credit stalls.
+    pub credit_stalls: u64,
+    /// RNR failures.
+    pub rnr: u64,
+    /// Protocol violations.
+    pub protocol_errors: u64,
+    /// Other RDMA errors.
+    pub rdma_errors: u64,
+    /// Pool stalls.
+    pub pool_stalls: u64,
+    /// Timer terminations.
+    pub timeouts: u64,
+}
+
+impl core::ops::AddAssign for WorkerStatsSnapshot {
+    fn add_assign(&mut self, o: Self) {
+        self.connections += o.connections;
+        self.connections_total += o.connections_total;
+        self.messages_in += o.messages_in;
+        self.messages_out += o.messages_out;
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.credit_stalls += o.credit_stalls;
+        self.rnr += o.rnr;
+        self.protocol_errors += o.protocol_errors;
+        self.rdma_errors += o.rdma_errors;
+        self.pool_stalls += o.pool_stalls;
+        self.timeouts += o.timeouts;
+    }
+}

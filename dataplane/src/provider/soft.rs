@@ -1,1 +1,0 @@
-//! Embedded software RDMA provider (being written).

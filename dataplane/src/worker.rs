@@ -1,0 +1,507 @@
+//! A pinned poll-mode worker (SPDK reactor style): one thread per core, owning
+//! its completion queue, its queue pairs, its slice of the registered buffer
+//! pool, and the SMB Direct state of every connection on it. Its loop runs to
+//! completion: poll completions in batches, step each connection's state
+//! machine, post receives/sends, drain the control plane's ring, fire timers.
+//! Nothing on this path locks, blocks or allocates once connections are
+//! attached; what other threads read (stats) is published through atomics.
+//!
+//! Idle policy: busy-poll, and only after `idle_park` without work park in
+//! short naps (so several processes can share a couple of cores in tests);
+//! any completion or ring message returns it to busy-polling at once.
+
+use crate::endpoint::{Delivery, Endpoint, EndpointError, Event};
+use crate::planes::{
+    CloseReason, ConnId, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
+};
+use crate::provider::{
+    Completion, CompletionQueue, MemoryRegion, Provider, QpId, QueuePair, WcStatus,
+};
+use crate::upper::{Backpressure, Replies, UpperLayer};
+use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
+use smbdirect_protocol::smbd::{Connection, SmbdConfig, TerminateReason};
+use smbdirect_protocol::time::Instant as PInstant;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Completions taken per poll.
+pub const POLL_BATCH: usize = 32;
+/// Replies an upper layer may queue per message.
+const MAX_REPLIES: usize = 4;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Worker index (thread name `dp-worker-N`).
+    pub index: usize,
+    /// Core to pin to.
+    pub core: Option<usize>,
+    /// SMB Direct parameters for new connections.
+    pub smbd: SmbdConfig,
+    /// Busy-poll this long without work before napping.
+    pub idle_park: Duration,
+    /// Most connections this worker holds.
+    pub max_connections: usize,
+    /// After Shutdown, how long in-flight work may take before everything is
+    /// disconnected.
+    pub shutdown_grace: Duration,
+    /// Sends in flight per connection (the queue pair's send depth).
+    pub send_depth: u32,
+}
+
+struct Slot<Q: QueuePair> {
+    conn: ConnId,
+    ep: Endpoint<Q>,
+    deferred: VecDeque<Delivery>,
+    dirty: bool,
+    closing: Option<CloseReason>,
+    reported_established: bool,
+    next_timer: Option<PInstant>,
+}
+
+/// The worker's state; [`Worker::run`] is its thread body.
+pub struct Worker<P: Provider, U: UpperLayer> {
+    cfg: WorkerConfig,
+    cq: P::Cq,
+    alloc: SliceAllocator,
+    pool: BufferPool,
+    mr: MemoryRegion,
+    upper: U,
+    inbox: Ring<ToWorker<P::Qp>>,
+    outbox: Ring<FromWorker>,
+    loans: Ring<u64>,
+    stats: Arc<WorkerStats>,
+    slots: Vec<Option<Slot<P::Qp>>>,
+    by_qp: HashMap<QpId, usize>,
+    origin: Instant,
+    shutdown_at: Option<Instant>,
+    pending_out: VecDeque<FromWorker>,
+    /// Completions of queue pairs whose Attach has not been drained from the
+    /// control plane's ring yet (the peer may send its Negotiate Request the
+    /// moment the accept completes). Retried after the ring is drained.
+    orphans: VecDeque<Completion>,
+}
+
+impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Worker")
+            .field("index", &self.cfg.index)
+            .field("upper", &self.upper.name())
+            .finish()
+    }
+}
+
+impl<P: Provider, U: UpperLayer> Worker<P, U> {
+    /// Builds a worker around its CQ, pool slice (registered as `mr`),
+    /// upper layer and rings. Everything it needs is allocated here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: WorkerConfig,
+        cq: P::Cq,
+        alloc: SliceAllocator,
+        mr: MemoryRegion,
+        upper: U,
+        inbox: Ring<ToWorker<P::Qp>>,
+        outbox: Ring<FromWorker>,
+        loans: Ring<u64>,
+        stats: Arc<WorkerStats>,
+    ) -> Self {
+        let pool = alloc.pool().clone();
+        let mut slots = Vec::with_capacity(cfg.max_connections);
+        slots.resize_with(cfg.max_connections, || None);
+        Worker {
+            by_qp: HashMap::with_capacity(cfg.max_connections * 2),
+            pending_out: VecDeque::with_capacity(cfg.max_connections * 4 + 16),
+            orphans: VecDeque::with_capacity(cfg.max_connections * 2 + 16),
+            cfg,
+            cq,
+            alloc,
+            pool,
+            mr,
+            upper,
+            inbox,
+            outbox,
+            loans,
+            stats,
+            slots,
+            origin: Instant::now(),
+            shutdown_at: None,
+        }
+    }
+
+    fn now(&self) -> PInstant {
+        PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    fn tell_cp(&mut self, m: FromWorker) {
+        // A full ring is backpressure: keep the message (bounded by the
+        // connections we hold) and retry every loop.
+        if let Err(m) = self.outbox.push(m) {
+            self.pending_out.push_back(m);
+        }
+    }
+
+    fn flush_pending_out(&mut self) {
+        while let Some(m) = self.pending_out.pop_front() {
+            if let Err(m) = self.outbox.push(m) {
+                self.pending_out.push_front(m);
+                break;
+            }
+        }
+    }
+
+    /// The thread body: pins, names nothing (the spawner names the thread),
+    /// and loops until shut down and drained.
+    pub fn run(self) {
+        self.run_reporting(|| {});
+    }
+
+    /// [`Worker::run`], calling `ready` once the thread is pinned (so the
+    /// spawner can report the daemon up only when its threads are in place).
+    pub fn run_reporting(mut self, ready: impl FnOnce()) {
+        if let Some(core) = self.cfg.core {
+            core_affinity::set_for_current(core_affinity::CoreId { id: core });
+        }
+        ready();
+        let mut wcs = [Completion::EMPTY; POLL_BATCH];
+        let mut last_work = Instant::now();
+        let mut last_timer_scan = Instant::now();
+        loop {
+            let mut work = false;
+            let n = self.cq.poll(&mut wcs);
+            if n > 0 {
+                work = true;
+                let now = self.now();
+                for wc in &wcs[..n] {
+                    self.on_completion(now, wc);
+                }
+            }
+            while let Some(m) = self.inbox.pop() {
+                work = true;
+                self.on_control(m);
+            }
+            if !self.orphans.is_empty() {
+                let now = self.now();
+                for _ in 0..self.orphans.len() {
+                    let Some(wc) = self.orphans.pop_front() else {
+                        break;
+                    };
+                    self.on_completion(now, &wc);
+                }
+            }
+            if self.service_slots() {
+                work = true;
+            }
+            if last_timer_scan.elapsed() >= Duration::from_millis(1) {
+                last_timer_scan = Instant::now();
+                self.fire_timers();
+            }
+            self.flush_pending_out();
+            if self.shutdown_at.is_none() {
+                self.refill_loans();
+            }
+            if let Some(t) = self.shutdown_at {
+                if self.live_slots() == 0 && self.pending_out.is_empty() {
+                    break;
+                }
+                if t.elapsed() >= self.cfg.shutdown_grace {
+                    self.close_all(CloseReason::Shutdown);
+                }
+            }
+            if work {
+                last_work = Instant::now();
+                WorkerStats::add(&self.stats.busy_polls, 1);
+            } else if last_work.elapsed() >= self.cfg.idle_park {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        // Take back the receive buffers lent to the control plane.
+        while let Some(bits) = self.loans.pop() {
+            let _ = self.alloc.free(BufId::from_bits(bits));
+        }
+        self.stats.exited.store(true, Ordering::Release);
+    }
+
+    fn refill_loans(&mut self) {
+        while self.loans.len() < LOANED_RECEIVES {
+            let Ok(id) = self.alloc.alloc(ClassId::RECEIVE) else {
+                break;
+            };
+            if let Err(bits) = self.loans.push(id.to_bits()) {
+                let _ = self.alloc.free(BufId::from_bits(bits));
+                break;
+            }
+        }
+    }
+
+    fn live_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn on_control(&mut self, m: ToWorker<P::Qp>) {
+        match m {
+            ToWorker::Attach {
+                conn,
+                qp,
+                peer: _,
+                negotiate_receive_posted,
+            } => self.attach(conn, qp, negotiate_receive_posted),
+            ToWorker::Negotiated { conn, decision } => {
+                let now = self.now();
+                if let Some(i) = self.find(conn) {
+                    let slot = self.slots[i].as_mut().expect("found slot");
+                    if let Err(e) = slot
+                        .ep
+                        .apply_negotiate_decision(now, decision, &mut self.alloc)
+                    {
+                        slot.closing.get_or_insert(close_reason(e));
+                    }
+                    slot.dirty = true;
+                }
+            }
+            ToWorker::Shutdown => {
+                if self.shutdown_at.is_none() {
+                    self.shutdown_at = Some(Instant::now());
+                }
+            }
+        }
+    }
+
+    fn find(&self, conn: ConnId) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.conn == conn))
+    }
+
+    fn attach(&mut self, conn: ConnId, mut qp: P::Qp, receive_posted: bool) {
+        let Some(i) = self.slots.iter().position(|s| s.is_none()) else {
+            qp.disconnect();
+            self.tell_cp(FromWorker::Closed {
+                conn,
+                reason: CloseReason::Capacity,
+                peer_violation: false,
+            });
+            return;
+        };
+        let now = self.now();
+        let c = Connection::new_passive(self.cfg.smbd.clone(), now);
+        let qp_id = qp.id();
+        let mut ep = Endpoint::new(qp, c, self.pool.clone(), self.mr);
+        ep.defer_negotiation(true);
+        ep.set_send_depth(self.cfg.send_depth);
+        let mut closing = None;
+        if receive_posted {
+            ep.assume_posted_receives(1);
+        } else if !ep.post_negotiate_receive(&mut self.alloc) {
+            // 3.1.7.2: "terminate the connection if it fails".
+            WorkerStats::add(&self.stats.pool_stalls, 1);
+            ep.close(&mut self.alloc);
+            closing = Some(CloseReason::Protocol(TerminateReason::NoReceiveCredits));
+        }
+        let deferred = VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2);
+        self.slots[i] = Some(Slot {
+            conn,
+            ep,
+            deferred,
+            dirty: false,
+            closing,
+            reported_established: false,
+            next_timer: None,
+        });
+        self.by_qp.insert(qp_id, i);
+        WorkerStats::add(&self.stats.connections, 1);
+        WorkerStats::add(&self.stats.connections_total, 1);
+    }
+
+    fn on_completion(&mut self, now: PInstant, wc: &Completion) {
+        let Some(&i) = self.by_qp.get(&wc.qp) else {
+            // Its Attach is still in the ring (bounded: a new queue pair has
+            // only its negotiate receive posted until attached).
+            if self.orphans.len() < self.orphans.capacity() {
+                self.orphans.push_back(*wc);
+            }
+            return;
+        };
+        let Some(slot) = self.slots[i].as_mut() else {
+            return;
+        };
+        slot.dirty = true;
+        match slot.ep.on_completion(now, wc, &mut self.alloc) {
+            Ok(None) => {}
+            Ok(Some(Event::Message(d))) => {
+                WorkerStats::add(&self.stats.messages_in, 1);
+                WorkerStats::add(&self.stats.bytes_in, slot.ep.message(&d).len() as u64);
+                slot.deferred.push_back(d);
+            }
+            Ok(Some(Event::NegotiateRequest { bytes, len })) => {
+                let conn = slot.conn;
+                self.tell_cp(FromWorker::NegotiateRequest { conn, bytes, len });
+            }
+            Err(e) => {
+                if slot.closing.is_none() {
+                    slot.closing = Some(close_reason(e));
+                }
+                if wc.status == WcStatus::RnrRetryExceeded {
+                    WorkerStats::add(&self.stats.rnr, 1);
+                }
+            }
+        }
+    }
+
+    /// Runs the upper layer on waiting messages, flushes transmits, reaps
+    /// closed connections. Returns whether anything happened.
+    fn service_slots(&mut self) -> bool {
+        let now = self.now();
+        let mut any = false;
+        for i in 0..self.slots.len() {
+            let Some(slot) = self.slots[i].as_mut() else {
+                continue;
+            };
+            if slot.closing.is_none() {
+                // Hand waiting messages to the upper layer, oldest first.
+                while let Some(d) = slot.deferred.front() {
+                    let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
+                    let mut queued = [(BufId::from_bits(0), 0u32); MAX_REPLIES];
+                    let mut out = Replies {
+                        alloc: &mut self.alloc,
+                        pool: &self.pool,
+                        queued: &mut queued[..space],
+                        count: 0,
+                    };
+                    let r = self
+                        .upper
+                        .on_message(slot.conn, slot.ep.message(d), &mut out);
+                    let count = out.count;
+                    match r {
+                        Ok(()) => {
+                            for &(buf, len) in &queued[..count] {
+                                if slot.ep.send(buf, len).is_err() {
+                                    let _ = self.alloc.free(buf);
+                                } else {
+                                    WorkerStats::add(&self.stats.messages_out, 1);
+                                    WorkerStats::add(&self.stats.bytes_out, len as u64);
+                                }
+                            }
+                            let d = slot.deferred.pop_front().expect("front exists");
+                            slot.ep.release(d, &mut self.alloc);
+                            slot.dirty = true;
+                            any = true;
+                        }
+                        Err(bp) => {
+                            for &(buf, _) in &queued[..count] {
+                                let _ = self.alloc.free(buf);
+                            }
+                            if bp == Backpressure::TooLarge {
+                                slot.closing = Some(CloseReason::Capacity);
+                            } else {
+                                WorkerStats::add(&self.stats.pool_stalls, 1);
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            if slot.dirty && slot.closing.is_none() {
+                slot.dirty = false;
+                let stalls_before = slot.ep.connection().stats().credit_stalls;
+                match slot.ep.flush(now, &mut self.alloc) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        slot.dirty = true;
+                        WorkerStats::add(&self.stats.pool_stalls, 1);
+                    }
+                    Err(e) => slot.closing = Some(close_reason(e)),
+                }
+                let stalls = slot.ep.connection().stats().credit_stalls - stalls_before;
+                if stalls > 0 {
+                    WorkerStats::add(&self.stats.credit_stalls, stalls);
+                }
+                slot.next_timer = slot.ep.connection().poll_timeout();
+                if !slot.reported_established && slot.ep.connection().is_established() {
+                    slot.reported_established = true;
+                    let conn = slot.conn;
+                    if self.outbox.push(FromWorker::Established { conn }).is_err() {
+                        self.pending_out.push_back(FromWorker::Established { conn });
+                    }
+                }
+                any = true;
+            }
+            if let Some(reason) = slot.closing {
+                self.finish_close(i, reason);
+            }
+        }
+        any
+    }
+
+    fn fire_timers(&mut self) {
+        let now = self.now();
+        for slot in self.slots.iter_mut().flatten() {
+            if slot.closing.is_some() {
+                continue;
+            }
+            if slot.next_timer.is_some_and(|t| t <= now) {
+                if let Err(e) = slot.ep.on_timer(now) {
+                    slot.closing = Some(close_reason(e));
+                    WorkerStats::add(&self.stats.timeouts, 1);
+                }
+                slot.dirty = true;
+                slot.next_timer = slot.ep.connection().poll_timeout();
+            }
+        }
+    }
+
+    /// Tears a connection down: disconnect, return queued and deferred
+    /// buffers, and once the provider has flushed every posted request back
+    /// (all buffers home), forget it and tell the control plane.
+    fn finish_close(&mut self, i: usize, reason: CloseReason) {
+        let Some(slot) = self.slots[i].as_mut() else {
+            return;
+        };
+        if slot.ep.failure().is_none() {
+            slot.ep.close(&mut self.alloc);
+        }
+        while let Some(d) = slot.deferred.pop_front() {
+            slot.ep.release(d, &mut self.alloc);
+        }
+        for m in slot.ep.drain_queued() {
+            let _ = self.alloc.free(m);
+        }
+        if slot.ep.outstanding() > 0 {
+            return; // wait for the flushed completions
+        }
+        let slot = self.slots[i].take().expect("slot present");
+        self.by_qp.remove(&slot.ep.qp().id());
+        let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation());
+        if peer_violation {
+            WorkerStats::add(&self.stats.protocol_errors, 1);
+        } else if matches!(reason, CloseReason::Provider(s) if s != WcStatus::Flushed && s != WcStatus::Success)
+        {
+            WorkerStats::add(&self.stats.rdma_errors, 1);
+        }
+        self.stats.connections.fetch_sub(1, Ordering::Relaxed);
+        self.upper.on_close(slot.conn);
+        self.tell_cp(FromWorker::Closed {
+            conn: slot.conn,
+            reason,
+            peer_violation,
+        });
+    }
+
+    fn close_all(&mut self, reason: CloseReason) {
+        for slot in self.slots.iter_mut().flatten() {
+            slot.closing.get_or_insert(reason);
+        }
+    }
+}
+
+fn close_reason(e: EndpointError) -> CloseReason {
+    match e {
+        EndpointError::Terminated(r) => CloseReason::Protocol(r),
+        EndpointError::Provider(s) => CloseReason::Provider(s),
+        EndpointError::PoolExhausted => CloseReason::Capacity,
+    }
+}

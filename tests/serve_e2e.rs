@@ -1,0 +1,246 @@
+//! `smbdirectd serve` as a real child process on the soft provider, with
+//! clients in this (another) process.
+
+use smbdirect_dataplane::client::Client;
+use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::{MemoryRegion, Provider};
+use smbdirect_hugepages::{Backing, BufferPool, PoolConfig};
+use smbdirect_protocol::smbd::SmbdConfig;
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    admin: String,
+}
+
+fn spawn(port: u16, extra: &[&str]) -> Daemon {
+    let admin = format!("/tmp/smbdirectd-test-{port}.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smbdirectd"));
+    cmd.args(["serve", "--provider", "soft", "--upper", "echo", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args([
+            "--cores",
+            "1",
+            "--idle-park-us",
+            "200",
+            "--pool-mem",
+            "128M",
+            "--max-connections",
+            "16",
+        ])
+        .args([
+            "--receive-credit-max",
+            "32",
+            "--send-credit-target",
+            "32",
+            "--admin-socket",
+            &admin,
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn smbdirectd");
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let err = child.stderr.take().unwrap();
+    let e2 = stderr.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            e2.lock().unwrap().push_str(&(l + "\n"));
+        }
+    });
+    let d = Daemon {
+        child,
+        lines: rx,
+        stderr,
+        admin,
+    };
+    let l = match d.lines.recv_timeout(Duration::from_secs(20)) {
+        Ok(l) => l,
+        Err(e) => panic!(
+            "daemon did not print its serving line ({e}); stderr:\n{}",
+            d.stderr.lock().unwrap()
+        ),
+    };
+    assert!(l.contains("serving on"), "unexpected first line: {l}");
+    d
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // A failed test must not leave a daemon holding the port.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
+    let pool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
+        .backing(Backing::SharedMemfd)
+        .build()
+        .unwrap();
+    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
+    // SAFETY: the pool lives for the whole test, longer than the provider uses it.
+    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
+        .unwrap();
+    (pool, mr)
+}
+
+fn cfg() -> SmbdConfig {
+    SmbdConfig {
+        receive_credit_max: 32,
+        send_credit_target: 32,
+        ..SmbdConfig::default()
+    }
+}
+
+fn stats_json(d: &Daemon) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["stats", "--json", "--admin-socket", &d.admin])
+        .output()
+        .expect("run stats");
+    assert!(
+        out.status.success(),
+        "stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn field(doc: &str, key: &str) -> u64 {
+    let k = format!("\"{key}\":");
+    let i = doc
+        .find(&k)
+        .unwrap_or_else(|| panic!("{key} missing in {doc}"))
+        + k.len();
+    doc[i..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+fn terminate(d: Daemon) -> (String, String) {
+    let mut d = d;
+    // SAFETY: sending SIGTERM to our own child.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "daemon did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    while let Ok(l) = d.lines.recv_timeout(Duration::from_millis(200)) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    let err = d.stderr.lock().unwrap().clone();
+    assert!(
+        status.success(),
+        "daemon exit status {status:?}; stderr:\n{err}"
+    );
+    assert!(!err.contains("panicked"), "daemon panicked:\n{err}");
+    (out, err)
+}
+
+#[test]
+fn serve_echoes_1_byte_to_max_fragmented_size_and_returns_every_buffer() {
+    let port = 47_101;
+    let d = spawn(port, &[]);
+    let provider = SoftProvider::new().unwrap();
+    let (pool, mr) = client_pool(&provider);
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut c = Client::connect(
+        &provider,
+        addr,
+        cfg(),
+        pool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(10),
+    )
+    .expect("connect and negotiate");
+    for &size in &[1usize, 2, 1340, 1341, 4096, 100_000, 1 << 20] {
+        let msg: Vec<u8> = (0..size).map(|i| (i * 13 + size) as u8).collect();
+        c.send(&msg).unwrap();
+        assert!(
+            c.recv_with(Duration::from_secs(20), |m| m == &msg[..])
+                .unwrap(),
+            "echo of {size} B differs"
+        );
+    }
+    let doc = stats_json(&d);
+    assert_eq!(field(&doc, "connections"), 1, "{doc}");
+    assert_eq!(field(&doc, "messages_in"), 7, "{doc}");
+    let _ = c.close(Duration::from_secs(2));
+    let (out, _err) = terminate(d);
+    let final_doc = out
+        .lines()
+        .find_map(|l| l.strip_prefix("smbdirectd: final stats: "))
+        .expect("final stats line");
+    // Every pool buffer is back: free == total in every class.
+    let mut rest = final_doc;
+    let mut classes = 0;
+    while let Some(i) = rest.find("\"buf_size\":") {
+        rest = &rest[i..];
+        let total = field(rest, "total");
+        let free = field(rest, "free");
+        assert_eq!(free, total, "pool buffers outstanding at exit: {final_doc}");
+        classes += 1;
+        rest = &rest[10..];
+    }
+    assert!(classes >= 3, "{final_doc}");
+}
+
+#[test]
+fn workers_are_pinned_to_the_requested_cores_and_cp_is_not_on_them() {
+    let port = 47_102;
+    let d = spawn(port, &[]);
+    let pid = d.child.id();
+    let mut found = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        match comm.trim() {
+            "dp-worker-0" => {
+                assert_eq!(allowed, "1", "worker pinned to {allowed}");
+                found += 1;
+            }
+            "cp" => {
+                assert_eq!(allowed, "0", "cp on {allowed}, expected the spare core 0");
+                found += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(found, 2, "expected threads dp-worker-0 and cp");
+    terminate(d);
+}
