@@ -9,6 +9,7 @@ PKGS=(
   librdmacm-dev    # rdma-core connection manager (verbs provider)
   libclang-dev     # bindgen, used by the rdma-sys crate
   ibverbs-providers
+  tshark           # decodes --capture files in the tests (Debian 12: tshark 4.0)
 )
 
 missing=()

@@ -137,6 +137,14 @@ struct ServeArgs {
     /// Seconds in-flight work may take after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 5)]
     shutdown_grace: u64,
+    /// Write every SMB Direct message sent and received to FILE.pcap, framed
+    /// as RoCEv2 so that tshark/Wireshark decode it as SMB Direct
+    /// (`tshark -r FILE.pcap -2 -Y smb_direct`).
+    #[arg(long, value_name = "FILE.pcap")]
+    capture: Option<PathBuf>,
+    /// Log verbosity: error, warn, info.
+    #[arg(long, default_value = "info")]
+    log_level: String,
 }
 
 fn usage_error(msg: impl std::fmt::Display) -> ExitCode {
@@ -217,7 +225,14 @@ fn serve(a: ServeArgs) -> ExitCode {
         ),
         stats_interval: (a.stats_interval > 0).then(|| Duration::from_secs(a.stats_interval)),
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        capture: a.capture.clone(),
     };
+    if !matches!(a.log_level.as_str(), "error" | "warn" | "info") {
+        return usage_error(format!(
+            "--log-level must be error, warn or info, not '{}'",
+            a.log_level
+        ));
+    }
     let kind = match a.provider {
         ProviderKind::Auto => {
             if verbs::devices().map(|d| !d.is_empty()).unwrap_or(false) {

@@ -244,3 +244,117 @@ fn workers_are_pinned_to_the_requested_cores_and_cp_is_not_on_them() {
     assert_eq!(found, 2, "expected threads dp-worker-0 and cp");
     terminate(d);
 }
+
+#[test]
+fn capture_of_a_session_decodes_in_tshark_with_the_values_sent() {
+    if Command::new("tshark").arg("--version").output().is_err() {
+        eprintln!("skipped: tshark not installed (apt-get install tshark)");
+        return;
+    }
+    let port = 47_103;
+    let pcap = format!("/tmp/smbdirectd-capture-{port}.pcap");
+    let _ = std::fs::remove_file(&pcap);
+    let d = spawn(port, &["--capture", &pcap]);
+    let provider = SoftProvider::new().unwrap();
+    let (pool, mr) = client_pool(&provider);
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut c = Client::connect(
+        &provider,
+        addr,
+        cfg(),
+        pool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let sizes = [100usize, 500, 3000];
+    for &size in &sizes {
+        let msg = vec![0x5a; size];
+        c.send(&msg).unwrap();
+        c.recv_with(Duration::from_secs(10), |m| assert_eq!(m.len(), size))
+            .unwrap();
+    }
+    let _ = c.close(Duration::from_secs(2));
+    let (out, _) = terminate(d);
+    assert!(
+        out.contains("capture:"),
+        "capture stats line missing:\n{out}"
+    );
+    let fields = Command::new("tshark")
+        .env("HOME", "/nonexistent")
+        .args([
+            "-n",
+            "-r",
+            &pcap,
+            "-Y",
+            "smb_direct",
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+        ])
+        .args([
+            "-e",
+            "smb_direct.version.min",
+            "-e",
+            "smb_direct.credits.requested",
+        ])
+        .args([
+            "-e",
+            "smb_direct.preferred_send_size",
+            "-e",
+            "smb_direct.max_receive_size",
+        ])
+        .args([
+            "-e",
+            "smb_direct.max_fragmented_size",
+            "-e",
+            "smb_direct.data_offset",
+        ])
+        .args([
+            "-e",
+            "smb_direct.data_length",
+            "-e",
+            "smb_direct.remaining_length",
+        ])
+        .output()
+        .expect("run tshark");
+    let text = String::from_utf8_lossy(&fields.stdout);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(';').collect()).collect();
+    // The client's Negotiate Request: version 0x0100, 32 credits, 1364 / 8192 / 1 MiB.
+    assert!(
+        rows.iter().any(|r| r[0] == "0x0100"
+            && r[1] == "32"
+            && r[2] == "1364"
+            && r[3] == "8192"
+            && r[4] == "1048576"),
+        "negotiate request not decoded as sent:\n{text}"
+    );
+    // The server's Negotiate Response carries the server's sizes (1364 send, 8192 receive).
+    assert!(
+        rows.iter().filter(|r| r[0] == "0x0100").count() >= 2,
+        "negotiate response missing:\n{text}"
+    );
+    // Each echoed message, both directions: DataOffset 24 and its length (3000 B is fragmented).
+    for &size in &sizes[..2] {
+        let n = rows
+            .iter()
+            .filter(|r| r[5] == "24" && r[6] == size.to_string())
+            .count();
+        assert!(
+            n >= 2,
+            "data transfer of {size} B seen {n} times (want request and echo):\n{text}"
+        );
+    }
+    let first_frag = rows
+        .iter()
+        .filter(|r| r[5] == "24" && r[6] == "1340" && r[7] == "1660")
+        .count();
+    assert!(
+        first_frag >= 2,
+        "first fragment of the 3000-byte message (1340 + 1660 remaining) missing:\n{text}"
+    );
+    if std::env::var_os("SMBDIRECTD_KEEP_CAPTURE").is_none() {
+        let _ = std::fs::remove_file(&pcap);
+    }
+}

@@ -3,6 +3,7 @@
 
 use crate::admin::AdminSocket;
 use crate::stats::ServerStats;
+use smbdirect_dataplane::capture::{CaptureConfig, CaptureHandle};
 use smbdirect_dataplane::endpoint::recv_wr_id;
 use smbdirect_dataplane::planes::{
     ring, CloseReason, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
@@ -49,6 +50,8 @@ pub struct ServerConfig {
     pub stats_interval: Option<Duration>,
     /// How long in-flight work may take after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Write every SMB Direct message sent and received to this pcap.
+    pub capture: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -191,6 +194,13 @@ pub fn start<P: Provider, U: UpperLayer>(
     let per_worker = cfg.max_connections.div_ceil(nworkers);
     let cq_entries = (caps.max_recv_wr + caps.max_send_wr) * per_worker as u32;
 
+    let capture = match &cfg.capture {
+        Some(p) => Some(Arc::new(
+            CaptureHandle::create(p, CaptureConfig::default())
+                .map_err(|e| ServerError::Config(format!("--capture {}: {e}", p.display())))?,
+        )),
+        None => None,
+    };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let mut sides: Vec<WorkerSide<P>> = Vec::with_capacity(nworkers);
     let mut wstats = Vec::with_capacity(nworkers);
@@ -224,7 +234,8 @@ pub fn start<P: Provider, U: UpperLayer>(
             from.clone(),
             loans.clone(),
             st.clone(),
-        );
+        )
+        .with_capture(capture.clone());
         let ready = ready_tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("dp-worker-{i}"))
@@ -282,6 +293,12 @@ pub fn start<P: Provider, U: UpperLayer>(
                     &shutdown,
                     mr,
                 );
+                if let Some(c) = capture {
+                    match c.finish() {
+                        Ok(s) => println!("smbdirectd: capture: {s}"),
+                        Err(e) => eprintln!("smbdirectd: capture: writing failed: {e}"),
+                    }
+                }
             })
             .map_err(ServerError::Io)?
     };

@@ -29,6 +29,7 @@ fn server_config(port: u16) -> ServerConfig {
         admin_socket: None,
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),
+        capture: None,
     }
 }
 

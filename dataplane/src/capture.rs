@@ -280,8 +280,19 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 impl CaptureConn {
     /// Derives the capture addressing of the connection with `peer` (its
     /// real address), our QP number `local_qpn` and the peer's
-    /// `remote_qpn` (both truncated to 24 bits).
+    /// `remote_qpn` (both truncated to 24 bits). QP numbers 0 and 1 are the
+    /// InfiniBand management QPs (SMI/GSI), which Wireshark decodes as MADs,
+    /// not as SMB Direct: a provider's QP 0 or 1 (the soft provider numbers
+    /// from 1) is recorded as 0x10000 or 0x10001.
     pub fn new(peer: SocketAddr, local_qpn: u32, remote_qpn: u32) -> Self {
+        let fix = |q: u32| {
+            if q & 0x00ff_ffff < 2 {
+                (q & 0x00ff_ffff) | 0x0001_0000
+            } else {
+                q
+            }
+        };
+        let (local_qpn, remote_qpn) = (fix(local_qpn), fix(remote_qpn));
         let mut ip_buf = [0u8; 16];
         let ip_bytes: &[u8] = match peer.ip() {
             IpAddr::V4(a) => {
@@ -1191,7 +1202,11 @@ mod tests {
         let v6 = CaptureConn::new("[2001:db8::5]:445".parse().unwrap(), 0x1_000_001, 7);
         assert_eq!(v6.peer().ip.octets()[0], 100);
         assert_eq!(v6.peer().udp_port, 49152 + 445);
-        assert_eq!(v6.local().qpn, 1, "24-bit QPN");
+        assert_eq!(
+            v6.local().qpn,
+            0x1_0001,
+            "24-bit QPN, moved off the GSI QP 1"
+        );
         let mapped = CaptureConn::new("[::ffff:192.0.2.7]:60000".parse().unwrap(), 1, 2);
         assert_eq!(mapped.peer().ip, Ipv4Addr::new(192, 0, 2, 7));
         for c in [&a, &b, &v6, &mapped] {

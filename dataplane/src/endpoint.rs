@@ -10,6 +10,7 @@
 //! ([MS-SMBD] 3.1.5.9) directly on the queue pair, so a credit is only ever
 //! granted for a receive that is really posted.
 
+use crate::capture::{CaptureConn, CaptureHandle, CaptureOp, Direction};
 use crate::provider::{
     Completion, MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
@@ -19,6 +20,7 @@ use smbdirect_protocol::smbd::{
     TerminateReason, MAX_HEADER_LEN,
 };
 use smbdirect_protocol::time::Instant;
+use std::sync::Arc;
 
 /// Tag in the top bits of a work-request id: which kind of buffer it names.
 const KIND_SHIFT: u32 = 62;
@@ -171,6 +173,7 @@ pub struct Endpoint<Q: QueuePair> {
     failed: Option<EndpointError>,
     defer_negotiation: bool,
     send_depth: u32,
+    capture: Option<(Arc<CaptureHandle>, CaptureConn)>,
 }
 
 impl<Q: QueuePair> Endpoint<Q> {
@@ -187,7 +190,14 @@ impl<Q: QueuePair> Endpoint<Q> {
             failed: None,
             defer_negotiation: false,
             send_depth: u32::MAX,
+            capture: None,
         }
+    }
+
+    /// Records every message sent and received on this connection
+    /// (`serve --capture`).
+    pub fn set_capture(&mut self, handle: Arc<CaptureHandle>, conn: CaptureConn) {
+        self.capture = Some((handle, conn));
     }
 
     /// Most sends in flight at once (the queue pair's send depth); a peer
@@ -325,6 +335,12 @@ impl<Q: QueuePair> Endpoint<Q> {
                     Some(b) => &b[..(wc.byte_len as usize).min(b.len())],
                     None => &[][..],
                 };
+                if let Some((h, c)) = &self.capture {
+                    let op = wc
+                        .invalidated_rkey
+                        .map_or(CaptureOp::Send, CaptureOp::SendWithInvalidate);
+                    h.record(c, Direction::Received, op, bytes);
+                }
                 if self.conn.role() == Role::Passive && self.defer_negotiation {
                     let mut copy = [0u8; 32];
                     let n = bytes.len().min(32);
@@ -454,6 +470,12 @@ impl<Q: QueuePair> Endpoint<Q> {
                 if ps.last {
                     let _ = alloc.free(msg);
                 }
+            }
+            if let Some((h, c)) = &self.capture {
+                let op = t
+                    .invalidate_token
+                    .map_or(CaptureOp::Send, CaptureOp::SendWithInvalidate);
+                h.record(c, Direction::Sent, op, &out[..t.len()]);
             }
             let sge = [self.mr.sge(loc.offset as u64, t.len() as u32)];
             let wr = [SendWr {

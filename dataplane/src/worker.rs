@@ -10,6 +10,7 @@
 //! short naps (so several processes can share a couple of cores in tests);
 //! any completion or ring message returns it to busy-polling at once.
 
+use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{Delivery, Endpoint, EndpointError, Event};
 use crate::planes::{
     CloseReason, ConnId, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
@@ -82,6 +83,7 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// control plane's ring yet (the peer may send its Negotiate Request the
     /// moment the accept completes). Retried after the ring is drained.
     orphans: VecDeque<Completion>,
+    capture: Option<Arc<CaptureHandle>>,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -115,6 +117,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             by_qp: HashMap::with_capacity(cfg.max_connections * 2),
             pending_out: VecDeque::with_capacity(cfg.max_connections * 4 + 16),
             orphans: VecDeque::with_capacity(cfg.max_connections * 2 + 16),
+            capture: None,
             cfg,
             cq,
             alloc,
@@ -129,6 +132,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             origin: Instant::now(),
             shutdown_at: None,
         }
+    }
+
+    /// Records every message of every connection into `capture`.
+    pub fn with_capture(mut self, capture: Option<Arc<CaptureHandle>>) -> Self {
+        self.capture = capture;
+        self
     }
 
     fn now(&self) -> PInstant {
@@ -247,9 +256,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             ToWorker::Attach {
                 conn,
                 qp,
-                peer: _,
+                peer,
                 negotiate_receive_posted,
-            } => self.attach(conn, qp, negotiate_receive_posted),
+            } => self.attach(conn, qp, peer, negotiate_receive_posted),
             ToWorker::Negotiated { conn, decision } => {
                 let now = self.now();
                 if let Some(i) = self.find(conn) {
@@ -277,7 +286,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             .position(|s| s.as_ref().is_some_and(|s| s.conn == conn))
     }
 
-    fn attach(&mut self, conn: ConnId, mut qp: P::Qp, receive_posted: bool) {
+    fn attach(
+        &mut self,
+        conn: ConnId,
+        mut qp: P::Qp,
+        peer: std::net::SocketAddr,
+        receive_posted: bool,
+    ) {
         let Some(i) = self.slots.iter().position(|s| s.is_none()) else {
             qp.disconnect();
             self.tell_cp(FromWorker::Closed {
@@ -293,6 +308,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let mut ep = Endpoint::new(qp, c, self.pool.clone(), self.mr);
         ep.defer_negotiation(true);
         ep.set_send_depth(self.cfg.send_depth);
+        if let Some(h) = &self.capture {
+            // The peer's QP number is not exposed by every provider: a
+            // stable synthetic one keeps the two directions distinct.
+            let c = CaptureConn::new(peer, qp_id.0, qp_id.0 ^ 0x00ff_ffff);
+            ep.set_capture(h.clone(), c);
+        }
         let mut closing = None;
         if receive_posted {
             ep.assume_posted_receives(1);

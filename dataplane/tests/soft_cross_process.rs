@@ -131,13 +131,17 @@ impl Node {
         v
     }
 
-    fn post_recvs(&mut self) {
-        let wrs: Vec<RecvWr> = (0..8)
+    fn recv_wrs(&self) -> Vec<RecvWr> {
+        (0..8)
             .map(|i| RecvWr {
                 wr_id: i,
                 sge: self.mr.sge(MSG as u64 + i * 256, 256),
             })
-            .collect();
+            .collect()
+    }
+
+    fn post_recvs(&mut self) {
+        let wrs = self.recv_wrs();
         self.qp().post_recv(&wrs).expect("post_recv");
     }
 
@@ -281,8 +285,10 @@ fn listen_and_accept(node: &mut Node, role: &str) -> Child {
         "SO_PEERCRED names the child"
     );
     assert_eq!(req.private_data(), b"from the peer process");
+    // The peer sends the moment the accept reaches it: post first.
+    let wrs = node.recv_wrs();
     let qp = req
-        .accept(&node.cq.handle(), caps(), b"from the parent")
+        .accept_with_receives(&node.cq.handle(), caps(), b"from the parent", &wrs)
         .expect("accept");
     assert!(qp.is_cross_process());
     node.qp = Some(qp);
@@ -298,7 +304,6 @@ fn expect_exit_ok(mut child: Child) {
 fn cross_process_send_recv_and_rdma_byte_for_byte() {
     let mut n = Node::new();
     let child = listen_and_accept(&mut n, "client");
-    n.post_recvs();
     // The peer's grants: it lets us write one buffer and read another.
     let (tag, words, _) = n.recv();
     assert_eq!(tag, TAG_GRANTS);
@@ -372,7 +377,6 @@ fn cross_process_send_recv_and_rdma_byte_for_byte() {
 fn peer_process_death_surfaces_as_connection_loss() {
     let mut n = Node::new();
     let child = listen_and_accept(&mut n, "die");
-    n.post_recvs();
     let sge = n.mr.sge(WRITE_TARGET as u64, 4096);
     let g = n
         .qp()
