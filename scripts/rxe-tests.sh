@@ -69,10 +69,17 @@ exe() { # target name -> path
 	printf '%s\n' "$json" | grep '"reason":"compiler-artifact"' | grep "\"name\":\"$1\"" |
 		grep -o '"executable":"[^"]*"' | head -1 | sed 's/"executable":"\(.*\)"/\1/'
 }
+e2e_json=$(cargo test -p smbdirectd --no-run --message-format=json --test serve_e2e 2>/dev/null) || {
+	cargo test -p smbdirectd --no-run --test serve_e2e
+	exit 1
+}
+json="$json
+$e2e_json"
 runtime=$(exe verbs_runtime)
 conformance=$(exe verbs_conformance)
 unit=$(exe smbdirect_dataplane)
-for b in "$runtime" "$conformance" "$unit"; do
+e2e=$(exe serve_e2e)
+for b in "$runtime" "$conformance" "$unit" "$e2e"; do
 	[ -x "$b" ] || { echo "rxe-tests: test binary not found in cargo's output"; exit 1; }
 done
 built=$(date +%s)
@@ -80,7 +87,7 @@ echo "rxe-tests: built in $((built - start)) s; booting the rxe VM"
 
 status=0
 "$RXEVM" --timeout "${RXE_TESTS_TIMEOUT:-300}" -- "$ROOT/scripts/rxe-tests.sh" --in-guest \
-	"$runtime" "$conformance" "$unit::provider::verbs" || status=$?
+	"$runtime" "$conformance" "$unit::provider::verbs" "$e2e::serve_over_verbs" || status=$?
 end=$(date +%s)
 case $status in
 0) echo "rxe-tests: passed (build $((built - start)) s, VM $((end - built)) s)" ;;

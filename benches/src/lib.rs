@@ -2,3 +2,4 @@
 
 pub mod baseline;
 pub mod protocol_loopback;
+pub mod provider_bench;

@@ -140,15 +140,24 @@ impl<P: Provider> Client<P> {
     ) -> Result<bool, ClientError> {
         let n = self.cq.poll(&mut self.wcs);
         let now = self.now();
+        // Every polled completion is handled (each may return a buffer to
+        // the pool); the first error is reported after the batch.
+        let mut first_err = None;
         for i in 0..n {
             let wc = self.wcs[i];
-            match self.ep.on_completion(now, &wc, &mut self.alloc)? {
-                Some(Event::Message(d)) => {
+            match self.ep.on_completion(now, &wc, &mut self.alloc) {
+                Ok(Some(Event::Message(d))) => {
                     on_msg(self.ep.message(&d), d.invalidated_token);
                     self.ep.release(d, &mut self.alloc);
                 }
-                Some(Event::NegotiateRequest { .. }) | None => {}
+                Ok(Some(Event::NegotiateRequest { .. })) | Ok(None) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
+        }
+        if let Some(e) = first_err {
+            return Err(e.into());
         }
         if self
             .ep

@@ -154,7 +154,7 @@ fn pair(p: &VerbsProvider, ip: IpAddr, server_recvs: usize) -> Pair {
         })
         .collect();
     let server_qp = req
-        .accept_with_recvs(&server_cq.handle(), caps, b"hello-rep", &recvs)
+        .accept_with_receives(&server_cq.handle(), caps, b"hello-rep", &recvs)
         .expect("accept");
     let (client_qp, reply_data) = client.join().expect("client thread").expect("connect");
     Pair {

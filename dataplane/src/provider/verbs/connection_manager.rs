@@ -780,11 +780,30 @@ impl VerbsRequest {
     pub fn peer_ird_ord(&self) -> (u32, u32) {
         (self.peer_ird as u32, self.peer_ord as u32)
     }
+}
 
-    /// Accepts like [`ConnRequest::accept`], posting `recvs` on the new queue
-    /// pair *before* the accept reply goes out, so the peer's first Send
-    /// always finds a receive (as ksmbd and SPDK do).
-    pub fn accept_with_recvs(
+impl ConnRequest<VerbsProvider> for VerbsRequest {
+    fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn accept(
+        self,
+        cq: &VerbsCqHandle,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<VerbsQp, ProviderError> {
+        self.accept_with_receives(cq, caps, private_data, &[])
+    }
+
+    /// Posts `recvs` on the new queue pair *before* `rdma_accept` sends the
+    /// reply, so the peer's first Send always finds a receive (as ksmbd and
+    /// SPDK do), then accepts.
+    fn accept_with_receives(
         mut self,
         cq: &VerbsCqHandle,
         caps: QpCaps,
@@ -823,25 +842,6 @@ impl VerbsRequest {
             )));
         }
         Ok(qp)
-    }
-}
-
-impl ConnRequest<VerbsProvider> for VerbsRequest {
-    fn private_data(&self) -> &[u8] {
-        &self.private_data
-    }
-
-    fn peer_addr(&self) -> SocketAddr {
-        self.peer
-    }
-
-    fn accept(
-        self,
-        cq: &VerbsCqHandle,
-        caps: QpCaps,
-        private_data: &[u8],
-    ) -> Result<VerbsQp, ProviderError> {
-        self.accept_with_recvs(cq, caps, private_data, &[])
     }
 
     fn reject(self) {

@@ -43,10 +43,9 @@
 //! completion retires every earlier unsignaled request of the same queue (the
 //! shadow ring's consumer index moves past them), so posting more than the
 //! send queue depth without ever signaling yields
-//! [`ProviderError::QueueFull`](super::ProviderError::QueueFull), never a
-//! silently overrun queue. A Send with Invalidate is posted with
-//! `IBV_SEND_FENCE`, so it never overtakes an earlier RDMA Read of the buffer
-//! it invalidates.
+//! [`ProviderError::QueueFull`], never a silently overrun queue. A Send with
+//! Invalidate is posted with `IBV_SEND_FENCE`, so it never overtakes an
+//! earlier RDMA Read of the buffer it invalidates.
 //!
 //! **Threads.** A worker owns its [`VerbsCq`] and [`VerbsQp`]s; post and poll
 //! neither lock nor allocate. Queue pairs are created from any thread through
@@ -66,8 +65,8 @@
 //!
 //! **IRD/ORD ([MS-SMBD] Appendix A).** On InfiniBand and RoCE the CM carries
 //! them: we offer `responder_resources = ird` and `initiator_depth = ord`
-//! (from [`QpCaps`](super::QpCaps), clamped to the device), the accepting side
-//! answers with `min(own ird, peer ord)` and `min(own ord, peer ird)` (6.2),
+//! (from [`QpCaps`], clamped to the device), the accepting side answers
+//! with `min(own ird, peer ord)` and `min(own ord, peer ird)` (6.2),
 //! and both sides report the result in
 //! [`QueuePair::ird_ord`](super::QueuePair::ird_ord). iWARP without RFC 6581
 //! needs the 8-byte IRD/ORD header at the start of the private data: not
@@ -77,14 +76,14 @@
 //! peer's private data arrives zero-padded to 56 bytes (connect request) or
 //! 196 bytes (accept reply), and longer private data is refused.
 //!
-//! **Accept and the first receive.** [`ConnRequest::accept`](super::ConnRequest::accept) returns as soon
-//! as `rdma_accept` has sent the reply (the queue pair is already ready to
-//! receive), not after the peer's ready-to-use message, so the upper layer can
-//! post its receives before the peer's first Send can arrive. With
-//! `rnr_retry = 0` a peer that sends faster than that still fails with RNR;
-//! [`VerbsRequest::accept_with_recvs`] posts the first receives before the
-//! reply is sent and closes that window. A disconnect before the peer's RTU
-//! arrived is sent again when it does (the kernel drops it silently).
+//! **Accept and the first receive.**
+//! [`ConnRequest::accept_with_receives`](super::ConnRequest::accept_with_receives)
+//! posts the first receives on the new queue pair before `rdma_accept` sends
+//! the reply, so the peer's first Send always finds one (the peer's QP has
+//! `rnr_retry = 0`, see [`VerbsConfig::rnr_retry`]). Accept returns as soon as
+//! the reply is sent; the peer's ready-to-use message arrives later, at the
+//! CM thread. A disconnect before it arrived is sent again when it does (the
+//! kernel drops it silently).
 //!
 //! **Completions.** Verbs leaves the opcode of an error completion undefined
 //! and selective signaling hides most successes, so the device sees our own
