@@ -59,10 +59,18 @@ enum Command {
     /// List usable providers, RDMA devices and ports, hugepages, and what
     /// `--provider auto` would choose.
     Devices,
-    /// Two SMB Direct protocol state machines against each other in this
-    /// process (no provider, no network): round-trip latency of the
-    /// protocol core.
+    /// The main job on a machine without RDMA hardware: `serve` (control
+    /// plane + a pinned worker, echo upper layer) on the soft RDMA provider
+    /// and an SMB Direct client on another core, exchanging echo round trips;
+    /// prints latency percentiles. `--protocol-only` runs just the two
+    /// protocol state machines in one thread (no provider).
     Loopback {
+        /// Run only the protocol core (no provider, no worker).
+        #[arg(long)]
+        protocol_only: bool,
+        /// Check every echoed byte.
+        #[arg(long)]
+        verify: bool,
         /// Upper-layer message size in bytes (fragmented above MaxSendSize - 24).
         #[arg(long, default_value_t = 512)]
         size: usize,
@@ -166,7 +174,9 @@ fn main() -> ExitCode {
             size,
             duration,
             warmup,
-        } => loopback(size, duration, warmup),
+            protocol_only,
+            verify,
+        } => loopback(size, duration, warmup, protocol_only, verify),
     }
 }
 
@@ -398,19 +408,53 @@ fn devices() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn loopback(size: usize, duration: f64, warmup: f64) -> ExitCode {
+fn loopback(
+    size: usize,
+    duration: f64,
+    warmup: f64,
+    protocol_only: bool,
+    verify: bool,
+) -> ExitCode {
     if size == 0 || size > SmbdConfig::default().max_fragmented_recv_size as usize {
         return usage_error("--size must be between 1 and 1048576 bytes");
     }
     if !(duration > 0.0 && warmup >= 0.0) {
         return usage_error("--duration must be positive and --warmup non-negative");
     }
-    match smbdirect_benches::protocol_loopback::run(
-        SmbdConfig::default(),
+    if protocol_only {
+        return match smbdirect_benches::protocol_loopback::run(
+            SmbdConfig::default(),
+            size,
+            Duration::from_secs_f64(warmup),
+            Duration::from_secs_f64(duration),
+        ) {
+            Ok(r) => {
+                println!("{}", r.table(size));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("smbdirectd: loopback failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let available = cores::available_cores();
+    // Client on the first core, the server's worker on the second (both
+    // pinned) when there are two; unpinned otherwise.
+    let (client_core, server_core) = match available.as_slice() {
+        [a, b, ..] => (Some(*a), Some(*b)),
+        _ => (None, None),
+    };
+    let opts = smbdirect_benches::service_loopback::LoopbackOptions {
         size,
-        Duration::from_secs_f64(warmup),
-        Duration::from_secs_f64(duration),
-    ) {
+        duration: Duration::from_secs_f64(duration),
+        warmup: Duration::from_secs_f64(warmup),
+        client_core,
+        server_core,
+        idle_park: Duration::from_millis(100),
+        verify,
+    };
+    match smbdirect_benches::service_loopback::run(&opts) {
         Ok(r) => {
             println!("{}", r.table(size));
             ExitCode::SUCCESS

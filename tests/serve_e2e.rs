@@ -12,6 +12,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// Tests that start servers run one at a time (2 cores; busy-polling workers).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 struct Daemon {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -168,6 +175,7 @@ fn terminate(d: Daemon) -> (String, String) {
 
 #[test]
 fn serve_echoes_1_byte_to_max_fragmented_size_and_returns_every_buffer() {
+    let _serial = serial();
     let port = 47_101;
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
@@ -216,6 +224,7 @@ fn serve_echoes_1_byte_to_max_fragmented_size_and_returns_every_buffer() {
 
 #[test]
 fn workers_are_pinned_to_the_requested_cores_and_cp_is_not_on_them() {
+    let _serial = serial();
     let port = 47_102;
     let d = spawn(port, &[]);
     let pid = d.child.id();
@@ -249,6 +258,7 @@ fn workers_are_pinned_to_the_requested_cores_and_cp_is_not_on_them() {
 
 #[test]
 fn capture_of_a_session_decodes_in_tshark_with_the_values_sent() {
+    let _serial = serial();
     if Command::new("tshark").arg("--version").output().is_err() {
         eprintln!("skipped: tshark not installed (apt-get install tshark)");
         return;
@@ -363,6 +373,7 @@ fn capture_of_a_session_decodes_in_tshark_with_the_values_sent() {
 
 #[test]
 fn idle_connection_gets_keepalives_and_stays_up() {
+    let _serial = serial();
     let port = 47_104;
     let d = spawn(port, &["--keepalive-interval", "1"]);
     let provider = SoftProvider::new().unwrap();
@@ -401,6 +412,7 @@ fn idle_connection_gets_keepalives_and_stays_up() {
 
 #[test]
 fn sixty_four_connections_over_two_workers_one_violator_is_cut_off_alone() {
+    let _serial = serial();
     use smbdirect_dataplane::provider::{QueuePair, SendOp, SendWr};
     use smbdirect_hugepages::{ClassId, SizeClass};
     let port = 47_105;
@@ -539,6 +551,7 @@ fn sixty_four_connections_over_two_workers_one_violator_is_cut_off_alone() {
 /// `serve --provider verbs` on $RXE_IP (or 127.0.0.1 elsewhere).
 #[test]
 fn serve_over_verbs_echoes_and_returns_every_buffer() {
+    let _serial = serial();
     use smbdirect_dataplane::provider::verbs::{devices, VerbsConfig, VerbsProvider};
     if devices().map(|d| d.is_empty()).unwrap_or(true) {
         eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");

@@ -100,7 +100,7 @@ mod tests {
     #[test]
     fn baselines_measure_something() {
         let h = cacheline_pingpong((0, 1), Duration::ZERO, Duration::from_millis(20));
-        assert!(h.len() > 0);
+        assert!(!h.is_empty());
         assert!(memcpy_throughput(4096, Duration::from_millis(10)) > 0.0);
     }
 }

@@ -3,3 +3,4 @@
 pub mod baseline;
 pub mod protocol_loopback;
 pub mod provider_bench;
+pub mod service_loopback;

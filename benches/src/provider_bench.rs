@@ -8,13 +8,15 @@
 //!
 //! * **Send/Recv round trip.** Two threads pinned to two cores, each with its
 //!   own completion queue, queue pair and registered memory, bounce one small
-//!   message (64 B by default): the requester posts a signaled Send, spins on
-//!   its CQ until the reply's receive completes and reads the sequence number
-//!   the reply carries; the responder sends every message straight back out
-//!   of the receive buffer it landed in and reposts that buffer once the
-//!   Send completes. Timed per round trip (HdrHistogram, ns) from the Send's
-//!   post to the requester having read the reply; reposting the requester's
-//!   one receive is outside the timed span. Its baseline is
+//!   message (64 B by default). Both keep 16 receives posted, as an SMB
+//!   Direct peer keeps its receive credits posted. The requester posts a
+//!   signaled Send, spins on its CQ until the reply's receive completes and
+//!   reads the sequence number the reply carries; the responder sends every
+//!   message straight back out of the receive buffer it landed in and
+//!   reposts that buffer once the Send completes. Timed per round trip
+//!   (HdrHistogram, ns) from the Send's post to the requester having read
+//!   the reply; reposting the requester's receive is outside the timed
+//!   span. Its baseline is
 //!   [`baseline::cacheline_pingpong`] on the same two cores.
 //! * **RDMA Write / Read throughput.** The target grants one `size`-byte
 //!   buffer ([`Access::RemoteWrite`] or [`Access::RemoteRead`]); the
@@ -732,12 +734,14 @@ fn send_recv_round_trips<P: Provider>(
         })
         .collect();
     responder.qp.post_recv(&recvs).map_err(perr)?;
-    // Requester: sends from buffer 0 offset 0, receives at buffer 1.
-    let reply = RecvWr {
-        wr_id: 1,
-        sge: requester_mem.sge(1, 0, slot),
-    };
-    requester.qp.post_recv(&[reply]).map_err(perr)?;
+    // Requester: sends from buffer 0 offset 0, keeps as many receives
+    // posted in buffer 1 (an SMB Direct peer keeps its receive credits
+    // posted), reposting each as soon as it has read the reply in it.
+    let replies: [RecvWr; RESPONDER_RECEIVES] = std::array::from_fn(|i| RecvWr {
+        wr_id: i as u64,
+        sge: requester_mem.sge(1, i * slot, slot),
+    });
+    requester.qp.post_recv(&replies).map_err(perr)?;
     requester_mem.fill(0, size, 0x5a);
     let send_sges = [requester_mem.sge(0, 0, size)];
     let send = [SendWr {
@@ -749,7 +753,8 @@ fn send_recv_round_trips<P: Provider>(
         signaled: true,
     }];
     let seq_out = requester_mem.ptr(0, 0) as *mut u64;
-    let seq_in = requester_mem.ptr(1, 0) as *const u64;
+    let seq_in: [*const u64; RESPONDER_RECEIVES] =
+        std::array::from_fn(|i| requester_mem.ptr(1, i * slot) as *const u64);
     let stop = StopFlag(AtomicBool::new(false));
     let responder_core = cfg.cores.1;
 
@@ -787,14 +792,14 @@ fn send_recv_round_trips<P: Provider>(
                 let t0 = Instant::now();
                 requester.qp.post_send(&send).map_err(perr)?;
                 let mut spins = 0u32;
-                'wait: loop {
+                let i = 'wait: loop {
                     let n = requester.cq.poll(&mut wcs);
                     for wc in &wcs[..n] {
                         if wc.status != WcStatus::Success {
                             return Err(failed(during, wc));
                         }
                         if wc.opcode == WcOpcode::Recv {
-                            break 'wait;
+                            break 'wait wc.wr_id as usize % RESPONDER_RECEIVES;
                         }
                     }
                     spins = spins.wrapping_add(1);
@@ -804,10 +809,10 @@ fn send_recv_round_trips<P: Provider>(
                             detail: format!("no reply to message {seq} within {STALL_LIMIT:?}"),
                         });
                     }
-                }
+                };
                 // SAFETY: the reply's receive completed: the buffer is ours
                 // again and holds at least 8 bytes.
-                let echoed = unsafe { seq_in.read_volatile() };
+                let echoed = unsafe { seq_in[i].read_volatile() };
                 hist.saturating_record(t0.elapsed().as_nanos().max(1) as u64);
                 if echoed != seq {
                     return Err(BenchError {
@@ -815,7 +820,7 @@ fn send_recv_round_trips<P: Provider>(
                         detail: format!("reply carries sequence {echoed}, sent {seq}"),
                     });
                 }
-                requester.qp.post_recv(&[reply]).map_err(perr)?;
+                requester.qp.post_recv(&replies[i..=i]).map_err(perr)?;
             }
         })();
         stop.0.store(true, Ordering::Relaxed);
@@ -1084,7 +1089,7 @@ mod tests {
             .latency
             .pairs
             .iter()
-            .all(|(s, b)| s.len() > 0 && b.len() > 0));
+            .all(|(s, b)| !s.is_empty() && !b.is_empty()));
         assert_eq!(r.throughput.len(), 2);
         for t in &r.throughput {
             assert!(t

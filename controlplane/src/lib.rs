@@ -12,4 +12,5 @@ pub mod stats;
 pub use server::{start, RunningServer, ServerConfig, ServerError};
 pub use stats::ServerStats;
 pub mod cores;
+pub mod log;
 pub mod signals;

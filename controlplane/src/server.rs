@@ -283,20 +283,20 @@ pub fn start<P: Provider, U: UpperLayer>(
                     core_affinity::set_for_current(core_affinity::CoreId { id: c });
                 }
                 let _ = ready_tx.send(());
-                control_loop(
-                    &*provider,
-                    &mut listener,
+                control_loop(ControlPlane {
+                    provider: &*provider,
+                    listener: &mut listener,
                     sides,
-                    &cfg,
-                    &stats,
+                    cfg: &cfg,
+                    stats: &stats,
                     admin,
-                    &shutdown,
+                    shutdown: &shutdown,
                     mr,
-                );
+                });
                 if let Some(c) = capture {
                     match c.finish() {
                         Ok(s) => println!("smbdirectd: capture: {s}"),
-                        Err(e) => eprintln!("smbdirectd: capture: writing failed: {e}"),
+                        Err(e) => crate::error!("capture: writing failed: {e}"),
                     }
                 }
             })
@@ -324,31 +324,45 @@ struct ConnInfo {
     worker: usize,
 }
 
-fn control_loop<P: Provider>(
-    provider: &P,
-    listener: &mut P::Listener,
-    mut sides: Vec<WorkerSide<P>>,
-    cfg: &ServerConfig,
-    stats: &Arc<ServerStats>,
+/// What the `cp` thread owns.
+struct ControlPlane<'a, P: Provider> {
+    provider: &'a P,
+    listener: &'a mut P::Listener,
+    sides: Vec<WorkerSide<P>>,
+    cfg: &'a ServerConfig,
+    stats: &'a Arc<ServerStats>,
     admin: Option<AdminSocket>,
-    shutdown: &AtomicBool,
+    shutdown: &'a AtomicBool,
+    /// The pool's registration (SGEs of the lent negotiate receives).
     mr: MemoryRegion,
-) {
-    let _ = provider;
+}
+
+fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
+    let ControlPlane {
+        provider,
+        listener,
+        mut sides,
+        cfg,
+        stats,
+        admin,
+        shutdown,
+        mr,
+    } = cp;
     let caps = cfg.qp_caps();
     let mut conns: HashMap<u64, ConnInfo> = HashMap::new();
     let mut attaching = vec![0usize; sides.len()];
     let mut next_id = 1u64;
     let mut last_line = Instant::now();
     let mut prev = stats.totals();
+    let mut last_counters = Instant::now();
     while !shutdown.load(Ordering::Acquire) {
         match listener.accept_request(Duration::from_millis(2)) {
             Ok(Some(req)) => {
                 let peer = req.peer_addr();
                 if conns.len() >= cfg.max_connections {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    eprintln!(
-                        "smbdirectd: refused connection from {peer}: at --max-connections {}",
+                    crate::warn!(
+                        "refused connection from {peer}: at --max-connections {}",
                         cfg.max_connections
                     );
                     req.reject();
@@ -365,7 +379,9 @@ fn control_loop<P: Provider>(
                     let loan = sides[w].loans.pop().map(BufId::from_bits);
                     let Some(rbuf) = loan.and_then(|b| stats.pool.locate(b).map(|l| (b, l))) else {
                         stats.rejected.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("smbdirectd: refused connection from {peer}: worker {w} has no free receive buffer");
+                        crate::warn!(
+                            "refused connection from {peer}: worker {w} has no free receive buffer"
+                        );
                         req.reject();
                         continue;
                     };
@@ -400,18 +416,24 @@ fn control_loop<P: Provider>(
                         Err(e) => {
                             // The loaned buffer goes home (remote free into the worker's slice).
                             let _ = stats.pool.free(rbuf.0);
-                            eprintln!("smbdirectd: accepting {peer} failed: {e}");
+                            crate::warn!("accepting {peer} failed: {e}");
                         }
                     }
                 }
             }
             Ok(None) => {}
             Err(e) => {
-                eprintln!("smbdirectd: listener error: {e}");
+                crate::error!("listener: {e}");
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
         service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+        if last_counters.elapsed() >= Duration::from_millis(100) {
+            last_counters = Instant::now();
+            if let Ok(mut pc) = stats.provider_counters.lock() {
+                *pc = provider.counters();
+            }
+        }
         if let Some(a) = &admin {
             a.serve_pending(&mut |req| answer(req, stats));
         }
@@ -447,6 +469,9 @@ fn control_loop<P: Provider>(
         }
     }
     service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+    if let Ok(mut pc) = stats.provider_counters.lock() {
+        *pc = provider.counters();
+    }
 }
 
 fn answer(req: &str, stats: &ServerStats) -> String {
@@ -466,8 +491,8 @@ fn service_workers<P: Provider>(
     conns: &mut HashMap<u64, ConnInfo>,
     attaching: &mut [usize],
 ) {
-    for w in 0..sides.len() {
-        while let Some(m) = sides[w].from.pop() {
+    for side in sides.iter_mut() {
+        while let Some(m) = side.from.pop() {
             match m {
                 FromWorker::NegotiateRequest { conn, bytes, len } => {
                     let decision =
@@ -476,21 +501,17 @@ fn service_workers<P: Provider>(
                         NegotiateDecision::Fail(status) => {
                             stats.negotiate_failures.fetch_add(1, Ordering::Relaxed);
                             if let Some(c) = conns.get(&conn) {
-                                eprintln!("smbdirectd: conn {conn} from {}: negotiation refused with {status}", c.peer);
-                            }
-                        }
-                        NegotiateDecision::Terminate(r) => {
-                            if let Some(c) = conns.get(&conn) {
-                                eprintln!(
-                                    "smbdirectd: conn {conn} from {}: terminated: {r}",
+                                crate::warn!(
+                                    "conn {conn} from {}: negotiation refused with {status}",
                                     c.peer
                                 );
                             }
                         }
-                        NegotiateDecision::Accept(_) => {}
+                        // A terminate is logged once, when the worker reports the close.
+                        NegotiateDecision::Terminate(_) | NegotiateDecision::Accept(_) => {}
                     }
                     let mut msg = ToWorker::Negotiated { conn, decision };
-                    while let Err(m) = sides[w].to.push(msg) {
+                    while let Err(m) = side.to.push(msg) {
                         msg = m;
                         std::thread::sleep(Duration::from_micros(100));
                     }
@@ -507,9 +528,12 @@ fn service_workers<P: Provider>(
                 } => {
                     if let Some(c) = conns.remove(&conn) {
                         if peer_violation {
-                            eprintln!("smbdirectd: conn {conn} from {}: protocol violation, terminated: {reason}", c.peer);
+                            crate::warn!(
+                                "conn {conn} from {}: protocol violation, terminated: {reason}",
+                                c.peer
+                            );
                         } else if !matches!(reason, CloseReason::Shutdown) {
-                            eprintln!("smbdirectd: conn {conn} from {}: closed: {reason}", c.peer);
+                            crate::info!("conn {conn} from {}: closed: {reason}", c.peer);
                         }
                         // A connection that never established still counted as attaching.
                         if attaching[c.worker] > 0

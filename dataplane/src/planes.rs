@@ -57,6 +57,9 @@ impl core::fmt::Display for CloseReason {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             CloseReason::Protocol(r) => write!(f, "{r}"),
+            CloseReason::Provider(crate::provider::WcStatus::Flushed) => {
+                f.write_str("connection lost (the peer disconnected or the RDMA connection broke)")
+            }
             CloseReason::Provider(s) => write!(f, "RDMA error {s:?}"),
             CloseReason::Capacity => f.write_str("worker at its connection limit"),
             CloseReason::Shutdown => f.write_str("shutdown"),

@@ -431,6 +431,12 @@ pub trait Provider: Send + Sync + 'static {
     /// Listens on `addr`.
     fn listen(&self, addr: SocketAddr) -> Result<Self::Listener, ProviderError>;
 
+    /// Provider counters for `stats` (live registrations and grants, access
+    /// violations, RNR, ...), as (name, value) pairs. Control-plane only.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
     /// Connects to `addr`, creating the queue pair on `cq`; returns it with
     /// the private data the peer accepted with.
     fn connect(

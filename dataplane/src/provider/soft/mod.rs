@@ -453,6 +453,25 @@ impl Provider for SoftProvider {
     type Request = SoftRequest;
     type Listener = SoftListener;
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("registrations", self.inner.regions.len() as u64),
+            ("grants_live", s.grants_live),
+            ("grants_created", s.grants_created),
+            ("grants_revoked", s.grants_revoked),
+            ("grants_invalidated", s.grants_invalidated),
+            ("access_violations", s.access_violations),
+            ("rnr_errors", s.rnr_errors),
+            ("length_errors", s.length_errors),
+            ("remote_access_errors", s.remote_access_errors),
+            ("connections_established", s.connections_established),
+            ("connections_broken", s.connections_broken),
+            ("peers_lost", s.peers_lost),
+            ("flushed", s.flushed),
+        ]
+    }
+
     fn name(&self) -> &'static str {
         "soft"
     }

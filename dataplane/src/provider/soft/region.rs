@@ -73,6 +73,11 @@ impl LocalRegions {
         }
     }
 
+    /// Regions registered so far (for `stats`; takes the set-up lock).
+    pub(crate) fn len(&self) -> usize {
+        self.setup.lock().unwrap_or_else(|e| e.into_inner()).count as usize
+    }
+
     /// Registers `len` bytes at `addr`, optionally backed by `shared`
     /// (fd, offset of `addr` in it); the fd is duplicated.
     pub(crate) fn register(

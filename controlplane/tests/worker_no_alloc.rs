@@ -1,0 +1,498 @@
+//! Zero allocation on the I/O path, measured: a counting global allocator
+//! attributes every heap allocation (alloc, alloc_zeroed, realloc) to the
+//! thread that made it, and
+//!
+//! * a real server (control plane + a `dp-worker-0` thread, echo upper
+//!   layer, soft provider) serves thousands of echo round trips of mixed
+//!   sizes, fragmented ones included, without its worker thread allocating
+//!   once warmed up;
+//! * the soft provider's RDMA path (grant, RDMA Write, RDMA Read, revoke,
+//!   Send/Recv, poll) does not allocate on the posting thread either.
+//!
+//! The echo upper layer only sends, so the worker's loop does no RDMA yet.
+//! When the SMB2 + QoS layer brings RDMA Read/Write through the worker, its
+//! I/O belongs in the measured loop of the first test; until then the second
+//! test covers the provider's RDMA path without a worker.
+
+use smbdirect_controlplane::{start, ServerConfig};
+use smbdirect_dataplane::client::Client;
+use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::{
+    Access, Completion, CompletionQueue, ConnRequest, Listener, Provider, QpCaps, QueuePair,
+    RecvWr, RemoteBuf, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+use smbdirect_dataplane::upper::Echo;
+use smbdirect_hugepages::{Backing, BufLocation, ClassId, HugepagePolicy, PoolConfig, SizeClass};
+use smbdirect_protocol::smbd::SmbdConfig;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::backtrace::Backtrace;
+use std::cell::Cell;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+// ---- the counting allocator ------------------------------------------------
+
+/// Threads whose allocations are counted globally.
+const WORKER_PREFIX: &str = "dp-worker";
+
+/// Thread classification: not yet known, a data-plane worker, anything else.
+const UNKNOWN: u8 = 0;
+const WORKER: u8 = 1;
+const OTHER: u8 = 2;
+
+/// Allocations made on worker threads.
+static WORKER_ALLOCS: AtomicU64 = AtomicU64::new(0);
+/// While set, the first worker allocation captures a backtrace.
+static ARMED: AtomicBool = AtomicBool::new(false);
+static FIRST_WORKER_ALLOC: Mutex<Option<Backtrace>> = Mutex::new(None);
+
+thread_local! {
+    /// What this thread is (const-initialised, no destructor: reading it
+    /// never allocates and works during thread teardown).
+    static KIND: Cell<u8> = const { Cell::new(UNKNOWN) };
+    /// Inside the allocator's own bookkeeping on this thread: allocations
+    /// made now (by `thread::current()` or a backtrace) are passed through
+    /// uncounted, so the allocator never recurses into itself.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+    /// Count this thread's allocations into `HERE` (see [`count_here`]).
+    static COUNTING_HERE: Cell<bool> = const { Cell::new(false) };
+    static HERE: Cell<u64> = const { Cell::new(0) };
+}
+
+struct CountingAlloc;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// Runs `f` with the reentrancy guard set; `None` if it already was.
+fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
+    if BUSY.try_with(|b| b.replace(true)).unwrap_or(true) {
+        return None;
+    }
+    let r = f();
+    let _ = BUSY.try_with(|b| b.set(false));
+    Some(r)
+}
+
+fn note_allocation() {
+    guarded(|| {
+        let kind = match KIND.try_with(Cell::get).unwrap_or(OTHER) {
+            UNKNOWN => {
+                // May allocate (the thread handle); the guard lets that through.
+                let k = if std::thread::current()
+                    .name()
+                    .is_some_and(|n| n.starts_with(WORKER_PREFIX))
+                {
+                    WORKER
+                } else {
+                    OTHER
+                };
+                let _ = KIND.try_with(|c| c.set(k));
+                k
+            }
+            k => k,
+        };
+        if kind == WORKER {
+            WORKER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            if ARMED.swap(false, Ordering::Relaxed) {
+                // Allocates, under the guard; resolved (symbolised) later,
+                // on the test thread, when printed.
+                let bt = Backtrace::force_capture();
+                if let Ok(mut first) = FIRST_WORKER_ALLOC.lock() {
+                    first.get_or_insert(bt);
+                }
+            }
+        }
+        if COUNTING_HERE.try_with(Cell::get).unwrap_or(false) {
+            let _ = HERE.try_with(|h| h.set(h.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments; the
+// bookkeeping touches only atomics and const thread-locals (and, guarded,
+// code that may allocate through `System` via this allocator uncounted).
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Allocations `f` makes on the calling thread.
+fn count_here<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    HERE.with(|h| h.set(0));
+    COUNTING_HERE.with(|c| c.set(true));
+    let r = f();
+    COUNTING_HERE.with(|c| c.set(false));
+    (r, HERE.with(Cell::get))
+}
+
+// ---- the worker's poll loop --------------------------------------------------
+
+fn smbd() -> SmbdConfig {
+    SmbdConfig {
+        receive_credit_max: 32,
+        send_credit_target: 32,
+        ..SmbdConfig::default()
+    }
+}
+
+fn server_config() -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        worker_cores: vec![None],
+        cp_core: None,
+        smbd: smbd(),
+        queue_depth: 8,
+        max_connections: 4,
+        pool_mem: 96 << 20,
+        idle_park: Duration::from_micros(200),
+        admin_socket: None,
+        stats_interval: None,
+        shutdown_grace: Duration::from_secs(2),
+        capture: None,
+    }
+}
+
+/// Message sizes of one cycle: 1 B to a few KiB around the send-size and
+/// fragment boundaries (MaxSendSize 1364 carries 1340 data bytes), and one
+/// 64 KiB message that travels as ~50 fragments each way.
+const SIZES: [usize; 10] = [1, 64, 100, 512, 1340, 1341, 2000, 4096, 6000, 65_536];
+
+/// Runs `n` echo round trips cycling through `msgs`; checks every reply.
+fn echo_round_trips(client: &mut Client<SoftProvider>, msgs: &[Vec<u8>], n: usize) {
+    for i in 0..n {
+        let msg = &msgs[i % msgs.len()];
+        client.send(msg).expect("send");
+        let same = client
+            .recv_with(Duration::from_secs(10), |m| m == &msg[..])
+            .expect("echo reply");
+        assert!(same, "echo of {} bytes differs (round trip {i})", msg.len());
+    }
+}
+
+#[test]
+fn worker_poll_loop_does_not_allocate_once_warmed_up() {
+    const WARMUP: usize = 2_000;
+    const MEASURED: usize = 6_000;
+    let provider = Arc::new(SoftProvider::new().expect("soft provider"));
+    let server = start(provider.clone(), server_config(), || Echo).expect("server starts");
+
+    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
+        .backing(Backing::SharedMemfd)
+        .build()
+        .expect("client pool");
+    let shared = cpool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
+    // SAFETY: the pool outlives the provider's use of it in this test (the
+    // server is shut down and the client closed before it drops).
+    let mr = unsafe { provider.register(cpool.region_base().as_ptr(), cpool.region_len(), shared) }
+        .expect("register the client pool");
+    let mut client = Client::connect(
+        &*provider,
+        server.local_addr(),
+        smbd(),
+        cpool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(5),
+    )
+    .expect("connect");
+    let msgs: Vec<Vec<u8>> = SIZES
+        .iter()
+        .map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect())
+        .collect();
+
+    echo_round_trips(&mut client, &msgs, WARMUP);
+    let warm = WORKER_ALLOCS.load(Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    let t = Instant::now();
+    echo_round_trips(&mut client, &msgs, MEASURED);
+    let elapsed = t.elapsed();
+    ARMED.store(false, Ordering::Relaxed);
+    let after = WORKER_ALLOCS.load(Ordering::Relaxed);
+
+    let totals = server.stats().totals();
+    println!(
+        "worker allocations: {warm} during start-up, connection set-up and {WARMUP} warm-up round trips; \
+         {} during {MEASURED} measured round trips ({:.2} s; server totals: {} messages in, {} out)",
+        after - warm,
+        elapsed.as_secs_f64(),
+        totals.messages_in,
+        totals.messages_out,
+    );
+    assert!(
+        warm > 0,
+        "the allocator never saw the worker thread allocate, not even at start-up: is it named {WORKER_PREFIX}-N?"
+    );
+    assert_eq!(totals.messages_in, (WARMUP + MEASURED) as u64);
+    if after != warm {
+        let bt = FIRST_WORKER_ALLOC.lock().unwrap().take();
+        panic!(
+            "the worker thread allocated {} times in steady state; the first allocation:\n{}",
+            after - warm,
+            bt.map_or_else(|| "(no backtrace captured)".into(), |b| b.to_string())
+        );
+    }
+    let _alloc = client.close(Duration::from_secs(2));
+    server.shutdown();
+
+    // The instrument itself: a worker-named thread that allocates is
+    // counted, and its first allocation while armed leaves a backtrace.
+    let before = WORKER_ALLOCS.load(Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    std::thread::Builder::new()
+        .name(format!("{WORKER_PREFIX}-selfcheck"))
+        .spawn(|| drop(std::hint::black_box(Box::new([7u8; 32]))))
+        .unwrap()
+        .join()
+        .unwrap();
+    ARMED.store(false, Ordering::Relaxed);
+    assert!(
+        WORKER_ALLOCS.load(Ordering::Relaxed) > before,
+        "a worker allocation went uncounted"
+    );
+    let bt = FIRST_WORKER_ALLOC
+        .lock()
+        .unwrap()
+        .take()
+        .expect("a backtrace was captured");
+    assert!(
+        bt.to_string().contains("worker_no_alloc"),
+        "the backtrace names the allocating code:\n{bt}"
+    );
+}
+
+// ---- the provider's RDMA path ------------------------------------------------
+
+struct Side {
+    cq: <SoftProvider as Provider>::Cq,
+    qp: <SoftProvider as Provider>::Qp,
+}
+
+fn connect(p: &SoftProvider) -> (Side, Side) {
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 16,
+        max_sge: 2,
+        ird: 8,
+        ord: 8,
+    };
+    let mut listener = p.listen("127.0.0.1:0".parse().unwrap()).expect("listen");
+    let addr = listener.local_addr();
+    let (tcq, icq) = (p.create_cq(256).unwrap(), p.create_cq(256).unwrap());
+    let (th, ih) = (tcq.handle(), icq.handle());
+    let (tqp, iqp) = std::thread::scope(|s| {
+        let acceptor = s.spawn(|| {
+            let req = listener
+                .accept_request(Duration::from_secs(5))
+                .expect("accept_request")
+                .expect("a connection request");
+            req.accept(&th, caps, &[]).expect("accept")
+        });
+        let (iqp, _) = p
+            .connect(addr, &ih, caps, &[], Duration::from_secs(5))
+            .expect("connect");
+        (acceptor.join().expect("acceptor"), iqp)
+    });
+    (Side { cq: tcq, qp: tqp }, Side { cq: icq, qp: iqp })
+}
+
+/// Polls until one completion arrives; returns it (never allocates).
+fn one_completion(side: &mut Side) -> Completion {
+    let mut wc = [Completion::EMPTY; 1];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while side.cq.poll(&mut wc) == 0 {
+        assert!(Instant::now() < deadline, "no completion within 5 s");
+    }
+    wc[0]
+}
+
+fn expect(side: &mut Side, opcode: WcOpcode) {
+    let wc = one_completion(side);
+    assert_eq!(
+        (wc.opcode, wc.status),
+        (opcode, WcStatus::Success),
+        "{wc:?}"
+    );
+}
+
+/// One of everything the RDMA path does, with `len`-byte transfers: grant
+/// for write, RDMA Write, revoke; grant for read, RDMA Read, Send with
+/// Invalidate of that grant (and the receive it lands in), revoke.
+fn rdma_cycle(
+    target: &mut Side,
+    initiator: &mut Side,
+    t: &BufLocation,
+    i: &BufLocation,
+    mr: (u32, u32),
+    len: u32,
+) {
+    let (tkey, ikey) = mr;
+    let tsge = Sge {
+        addr: t.addr(),
+        len,
+        lkey: tkey,
+    };
+    let isge = Sge {
+        addr: i.addr(),
+        len,
+        lkey: ikey,
+    };
+    let g = target
+        .qp
+        .grant(1, tsge, Access::RemoteWrite, true)
+        .expect("grant");
+    expect(target, WcOpcode::Bind);
+    let remote = RemoteBuf {
+        addr: g.addr,
+        rkey: g.rkey,
+    };
+    let sges = [isge];
+    initiator
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaWrite {
+                sges: &sges,
+                remote,
+            },
+            signaled: true,
+        }])
+        .expect("RDMA Write");
+    expect(initiator, WcOpcode::RdmaWrite);
+    target.qp.revoke(3, g.rkey, true).expect("revoke");
+    expect(target, WcOpcode::Revoke);
+
+    let g = target
+        .qp
+        .grant(4, tsge, Access::RemoteRead, true)
+        .expect("grant");
+    expect(target, WcOpcode::Bind);
+    let remote = RemoteBuf {
+        addr: g.addr,
+        rkey: g.rkey,
+    };
+    initiator
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 5,
+            op: SendOp::RdmaRead {
+                sges: &sges,
+                remote,
+            },
+            signaled: true,
+        }])
+        .expect("RDMA Read");
+    expect(initiator, WcOpcode::RdmaRead);
+    // The initiator says it is done with a Send with Invalidate, as an SMB2
+    // server's reply would ([MS-SMBD] 3.1.4.2).
+    let slot = Sge {
+        addr: t.addr() + u64::from(len),
+        len: 64,
+        lkey: tkey,
+    };
+    target
+        .qp
+        .post_recv(&[RecvWr {
+            wr_id: 6,
+            sge: slot,
+        }])
+        .expect("post_recv");
+    let hdr = [Sge { len: 24, ..isge }];
+    initiator
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 7,
+            op: SendOp::Send {
+                sges: &hdr,
+                invalidate: Some(g.rkey),
+            },
+            signaled: true,
+        }])
+        .expect("Send with Invalidate");
+    expect(initiator, WcOpcode::Send);
+    let wc = one_completion(target);
+    assert_eq!(
+        (wc.opcode, wc.status, wc.invalidated_rkey),
+        (WcOpcode::Recv, WcStatus::Success, Some(g.rkey))
+    );
+    target
+        .qp
+        .revoke(8, g.rkey, true)
+        .expect("revoke after invalidate");
+    expect(target, WcOpcode::Revoke);
+}
+
+#[test]
+fn soft_provider_rdma_path_does_not_allocate() {
+    const CYCLES: usize = 5_000;
+    let pool = PoolConfig::new(8 << 20, 1)
+        .class(SizeClass::new("rdma", 1 << 20).per_slice(2))
+        .hugepages(HugepagePolicy::Disable)
+        .mlock(false)
+        .build()
+        .expect("pool");
+    let mut alloc = pool.claim_slice(0).unwrap();
+    let t = pool.locate(alloc.alloc(ClassId(0)).unwrap()).unwrap();
+    let i = pool.locate(alloc.alloc(ClassId(0)).unwrap()).unwrap();
+    let provider = SoftProvider::new().expect("soft provider");
+    // SAFETY: the pool is declared before the provider, so it is unmapped
+    // after the provider is dropped.
+    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), None) }
+        .expect("register");
+    let keys = (mr.lkey, mr.lkey);
+    let (mut target, mut initiator) = connect(&provider);
+    let sizes = [4096u32, 65_536, 1 << 19];
+
+    // Warm-up: first polls attach the queue pairs to their CQs (a Vec grows).
+    for k in 0..64 {
+        rdma_cycle(
+            &mut target,
+            &mut initiator,
+            &t,
+            &i,
+            keys,
+            sizes[k % sizes.len()],
+        );
+    }
+    let ((), allocs) = count_here(|| {
+        for k in 0..CYCLES {
+            rdma_cycle(
+                &mut target,
+                &mut initiator,
+                &t,
+                &i,
+                keys,
+                sizes[k % sizes.len()],
+            );
+        }
+    });
+    println!(
+        "posting-thread allocations over {CYCLES} cycles of grant/RDMA Write/revoke, grant/RDMA Read/\
+         Send with Invalidate/Recv/revoke ({} work requests): {allocs}",
+        CYCLES * 9
+    );
+    assert_eq!(allocs, 0, "the soft provider's RDMA path allocated");
+    let ((), control) = count_here(|| drop(std::hint::black_box(vec![0u8; 16])));
+    assert_eq!(control, 1, "the per-thread counter works");
+}
