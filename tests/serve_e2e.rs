@@ -615,3 +615,64 @@ fn serve_over_verbs_echoes_and_returns_every_buffer() {
         assert_eq!(free, total, "{l}");
     }
 }
+
+#[test]
+fn silent_peer_is_dropped_by_the_5s_negotiation_timer_and_unanswered_keepalives_end_a_connection() {
+    use smbdirect_dataplane::provider::{CompletionQueue, QpCaps};
+    let _serial = serial();
+    let port = 47_107;
+    let d = spawn(port, &["--keepalive-interval", "1"]);
+    let provider = SoftProvider::new().unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // 1. A peer that connects at the RDMA level and never sends its
+    //    Negotiate Request ([MS-SMBD] 3.1.7.2: 5 s Negotiation Timer).
+    let cq = provider.create_cq(64).unwrap();
+    let (silent, _) = provider
+        .connect(
+            addr,
+            &cq.handle(),
+            QpCaps {
+                max_send_wr: 8,
+                max_recv_wr: 8,
+                ..QpCaps::default()
+            },
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    // 2. A peer that negotiates, then stops processing messages, so the
+    //    server's keepalive request goes unanswered ([MS-SMBD] 3.1.6.2).
+    let (pool, mr) = client_pool(&provider);
+    let deaf = Client::connect(
+        &provider,
+        addr,
+        cfg(),
+        pool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(15);
+    loop {
+        let doc = stats_json(&d);
+        if field(&doc, "timeouts") == 2 && field(&doc, "connections") == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timers did not end both connections: {doc}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let el = t0.elapsed();
+    assert!(
+        el >= Duration::from_secs(5),
+        "dropped after {el:?}, before the 5 s timers"
+    );
+    drop(silent);
+    drop(deaf);
+    let (_out, err) = terminate(d);
+    assert!(err.contains("negotiation timer expired"), "{err}");
+    assert!(err.contains("did not answer a keepalive"), "{err}");
+}

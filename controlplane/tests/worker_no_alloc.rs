@@ -3,26 +3,32 @@
 //! thread that made it, and
 //!
 //! * a real server (control plane + a `dp-worker-0` thread, echo upper
-//!   layer, soft provider) serves thousands of echo round trips of mixed
-//!   sizes, fragmented ones included, without its worker thread allocating
-//!   once warmed up;
-//! * the soft provider's RDMA path (grant, RDMA Write, RDMA Read, revoke,
-//!   Send/Recv, poll) does not allocate on the posting thread either.
+//!   layer, soft provider) serves thousands of round trips without its
+//!   worker thread allocating once warmed up: echoes of mixed sizes,
+//!   fragmented ones included, and RDMA echo requests, for which the worker
+//!   RDMA-reads the client's granted buffer and RDMA-writes it back into
+//!   another ([MS-SMBD] 3.1.4.5, 3.1.4.6), replying with or without Send
+//!   with Invalidate;
+//! * the soft provider's RDMA path (grant, RDMA Write, RDMA Read, Send with
+//!   Invalidate, revoke, poll) does not allocate on the posting thread
+//!   either, measured without a worker.
 //!
-//! The echo upper layer only sends, so the worker's loop does no RDMA yet.
-//! When the SMB2 + QoS layer brings RDMA Read/Write through the worker, its
-//! I/O belongs in the measured loop of the first test; until then the second
-//! test covers the provider's RDMA path without a worker.
+//! The SMB2 + QoS layer's I/O (RDMA through SMB2 READ/WRITE) belongs in the
+//! first test's measured loop when it lands; the echo upper layer's RDMA
+//! echo request stands in for it until then.
 
 use smbdirect_controlplane::{start, ServerConfig};
-use smbdirect_dataplane::client::Client;
+use smbdirect_dataplane::client::{buffer_descriptor, Client};
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::{
     Access, Completion, CompletionQueue, ConnRequest, Listener, Provider, QpCaps, QueuePair,
     RecvWr, RemoteBuf, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
-use smbdirect_dataplane::upper::Echo;
-use smbdirect_hugepages::{Backing, BufLocation, ClassId, HugepagePolicy, PoolConfig, SizeClass};
+use smbdirect_dataplane::upper::{parse_rdma_done, rdma_echo_request, Echo, RDMA_ECHO_INVALIDATE};
+use smbdirect_hugepages::{
+    Backing, BufId, BufLocation, ClassId, HugepagePolicy, PoolConfig, SizeClass,
+};
+use smbdirect_protocol::ntstatus::STATUS_SUCCESS;
 use smbdirect_protocol::smbd::SmbdConfig;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
@@ -150,10 +156,15 @@ fn count_here<R>(f: impl FnOnce() -> R) -> (R, u64) {
 
 // ---- the worker's poll loop --------------------------------------------------
 
+/// Largest RDMA echo (and the server's MaxReadWriteSize, which sizes its
+/// RDMA buffers).
+const MAX_RDMA: usize = 1 << 20;
+
 fn smbd() -> SmbdConfig {
     SmbdConfig {
         receive_credit_max: 32,
         send_credit_target: 32,
+        max_read_write_size: MAX_RDMA as u32,
         ..SmbdConfig::default()
     }
 }
@@ -180,9 +191,98 @@ fn server_config() -> ServerConfig {
 /// 64 KiB message that travels as ~50 fragments each way.
 const SIZES: [usize; 10] = [1, 64, 100, 512, 1340, 1341, 2000, 4096, 6000, 65_536];
 
-/// Runs `n` echo round trips cycling through `msgs`; checks every reply.
-fn echo_round_trips(client: &mut Client<SoftProvider>, msgs: &[Vec<u8>], n: usize) {
+/// RDMA echo lengths: a page, an odd size, 64 KiB, MaxReadWriteSize.
+const RDMA_SIZES: [usize; 4] = [4096, 100_003, 65_536, MAX_RDMA];
+
+/// The client's side of the RDMA echoes: a source buffer holding a pattern
+/// and a destination buffer the server writes into.
+struct RdmaBufs {
+    src: BufId,
+    dst: BufId,
+    pattern: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl RdmaBufs {
+    fn new(client: &mut Client<SoftProvider>) -> Self {
+        let src = client.alloc_buffer(MAX_RDMA).expect("source buffer");
+        let dst = client.alloc_buffer(MAX_RDMA).expect("destination buffer");
+        let pattern: Vec<u8> = (0..MAX_RDMA).map(|i| (i * 13 + 5) as u8).collect();
+        assert!(client.write_buffer(src, 0, &pattern));
+        RdmaBufs {
+            src,
+            dst,
+            pattern,
+            scratch: vec![0; MAX_RDMA],
+        }
+    }
+}
+
+/// One RDMA echo of `len` bytes through one or two descriptors each way:
+/// grant, request, reply (with Send with Invalidate when `invalidate`),
+/// check the bytes landed, revoke.
+fn rdma_round_trip(
+    client: &mut Client<SoftProvider>,
+    b: &mut RdmaBufs,
+    len: usize,
+    split: bool,
+    invalidate: bool,
+) {
+    // Overwrite what the server must restore.
+    assert!(client.write_buffer(b.dst, 0, &[!b.pattern[0]]));
+    assert!(client.write_buffer(b.dst, len - 1, &[!b.pattern[len - 1]]));
+    let cut = if split { len / 3 } else { len };
+    let mut grants = Vec::with_capacity(4);
+    let mut descs = Vec::with_capacity(4);
+    for (buf, access) in [(b.src, Access::RemoteRead), (b.dst, Access::RemoteWrite)] {
+        for (off, n) in [(0, cut), (cut, len - cut)] {
+            if n > 0 {
+                let g = client.grant(buf, off, n, access).expect("grant");
+                descs.push(buffer_descriptor(&g).to_bytes());
+                grants.push(g);
+            }
+        }
+    }
+    let reads = if split { 2 } else { 1 };
+    let flags = if invalidate { RDMA_ECHO_INVALIDATE } else { 0 };
+    let req = rdma_echo_request(len as u32, &descs[..reads], &descs[reads..], flags);
+    client.send(&req).expect("send RDMA echo request");
+    let (status, moved, token) = client
+        .recv_with_token(Duration::from_secs(10), |m, token| {
+            let (status, moved) = parse_rdma_done(m).expect("an RDMADONE reply");
+            (status, moved, token)
+        })
+        .expect("RDMA echo reply");
+    assert_eq!(
+        (status, moved as usize),
+        (STATUS_SUCCESS, len),
+        "RDMA echo of {len} B"
+    );
+    assert_eq!(
+        token,
+        invalidate.then_some(grants[reads].rkey),
+        "invalidated token"
+    );
+    assert!(client.read_buffer(b.dst, 0, &mut b.scratch[..len]));
+    assert!(
+        b.scratch[..len] == b.pattern[..len],
+        "RDMA echo of {len} B: bytes differ"
+    );
+    for g in &grants {
+        client.revoke(g.rkey).expect("revoke");
+    }
+}
+
+/// Runs `n` round trips: every fourth an RDMA echo, the rest echoes of
+/// `msgs` in turn; checks every reply.
+fn round_trips(client: &mut Client<SoftProvider>, msgs: &[Vec<u8>], rdma: &mut RdmaBufs, n: usize) {
     for i in 0..n {
+        if i % 4 == 3 {
+            let k = i / 4;
+            let len = RDMA_SIZES[k % RDMA_SIZES.len()];
+            rdma_round_trip(client, rdma, len, k % 2 == 0, k % 3 == 0);
+            continue;
+        }
         let msg = &msgs[i % msgs.len()];
         client.send(msg).expect("send");
         let same = client
@@ -199,7 +299,7 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
     let server = start(provider.clone(), server_config(), || Echo).expect("server starts");
 
-    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
+    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, MAX_RDMA)
         .backing(Backing::SharedMemfd)
         .build()
         .expect("client pool");
@@ -222,11 +322,13 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
         .map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect())
         .collect();
 
-    echo_round_trips(&mut client, &msgs, WARMUP);
+    let mut rdma = RdmaBufs::new(&mut client);
+
+    round_trips(&mut client, &msgs, &mut rdma, WARMUP);
     let warm = WORKER_ALLOCS.load(Ordering::Relaxed);
     ARMED.store(true, Ordering::Relaxed);
     let t = Instant::now();
-    echo_round_trips(&mut client, &msgs, MEASURED);
+    round_trips(&mut client, &msgs, &mut rdma, MEASURED);
     let elapsed = t.elapsed();
     ARMED.store(false, Ordering::Relaxed);
     let after = WORKER_ALLOCS.load(Ordering::Relaxed);
@@ -234,17 +336,21 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
     let totals = server.stats().totals();
     println!(
         "worker allocations: {warm} during start-up, connection set-up and {WARMUP} warm-up round trips; \
-         {} during {MEASURED} measured round trips ({:.2} s; server totals: {} messages in, {} out)",
+         {} during {MEASURED} measured round trips, {} of them RDMA echoes ({:.2} s; server totals: \
+         {} messages in, {} out, {} RDMA errors)",
         after - warm,
+        MEASURED / 4,
         elapsed.as_secs_f64(),
         totals.messages_in,
         totals.messages_out,
+        totals.rdma_errors,
     );
     assert!(
         warm > 0,
         "the allocator never saw the worker thread allocate, not even at start-up: is it named {WORKER_PREFIX}-N?"
     );
     assert_eq!(totals.messages_in, (WARMUP + MEASURED) as u64);
+    assert_eq!(totals.rdma_errors, 0);
     if after != warm {
         let bt = FIRST_WORKER_ALLOC.lock().unwrap().take();
         panic!(

@@ -1,10 +1,21 @@
 //! The active side: one SMB Direct connection driven from the calling
 //! thread by busy-polling its own completion queue. Used by the load
 //! generator, the end-to-end tests and `torture`; the server never uses it.
+//!
+//! For RDMA through the server, the client plays the SMB2 client's part
+//! ([MS-SMBD] 3.1.4.3, 3.1.4.4): it grants the server access to ranges of
+//! its own pool buffers ([`Client::grant`], one memory window per range),
+//! puts the grants in its requests as Buffer Descriptor V1 structures
+//! ([`buffer_descriptor`]), and revokes them afterwards ([`Client::revoke`])
+//! unless the server's reply invalidated them ([`Client::recv_with_token`]).
 
 use crate::endpoint::{Endpoint, EndpointError, Event};
-use crate::provider::{Completion, CompletionQueue, MemoryRegion, Provider, ProviderError, QpCaps};
-use smbdirect_hugepages::{BufferPool, SliceAllocator};
+use crate::provider::{
+    Access, Completion, CompletionQueue, Grant, MemoryRegion, Provider, ProviderError, QpCaps,
+    QueuePair, Sge,
+};
+use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
+use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
 use smbdirect_protocol::smbd::{Connection, SmbdConfig};
 use smbdirect_protocol::time::Instant as PInstant;
 use std::net::SocketAddr;
@@ -39,6 +50,34 @@ impl core::fmt::Display for ClientError {
 
 impl std::error::Error for ClientError {}
 
+/// Send-queue room kept for grants and revokes on top of the sends the
+/// credits allow.
+const GRANT_ROOM: u32 = 64;
+/// Work-request id of grants and revokes (kind 0: the endpoint ignores
+/// their completions, which only retire send-queue slots).
+const LOCAL_WR_ID: u64 = 0;
+
+/// The queue-pair sizes [`Client::connect`] uses for `cfg`; adjust them
+/// (e.g. a small `ird`, which bounds the server's ORD) for
+/// [`Client::connect_with_caps`].
+pub fn client_caps(cfg: &SmbdConfig) -> QpCaps {
+    QpCaps {
+        max_recv_wr: cfg.receive_credit_max as u32 + 2,
+        max_send_wr: cfg.send_credit_target as u32 + 8 + GRANT_ROOM,
+        ..QpCaps::default()
+    }
+}
+
+/// The Buffer Descriptor V1 ([MS-SMBD] 2.2.3.1) naming a grant: Offset is
+/// its address, Token its rkey, Length its length.
+pub fn buffer_descriptor(g: &Grant) -> BufferDescriptorRepr {
+    BufferDescriptorRepr {
+        offset: g.addr,
+        token: g.rkey,
+        length: g.len,
+    }
+}
+
 impl From<ProviderError> for ClientError {
     fn from(e: ProviderError) -> Self {
         ClientError::Provider(e)
@@ -56,6 +95,7 @@ pub struct Client<P: Provider> {
     cq: P::Cq,
     ep: Endpoint<P::Qp>,
     alloc: SliceAllocator,
+    mr: MemoryRegion,
     origin: Instant,
     wcs: [Completion; 16],
 }
@@ -79,22 +119,33 @@ impl<P: Provider> Client<P> {
         mr: MemoryRegion,
         timeout: Duration,
     ) -> Result<Self, ClientError> {
-        let caps = QpCaps {
-            max_recv_wr: cfg.receive_credit_max as u32 + 2,
-            max_send_wr: cfg.send_credit_target as u32 + 8,
-            ..QpCaps::default()
-        };
+        let caps = client_caps(&cfg);
+        Self::connect_with_caps(provider, addr, cfg, alloc, mr, timeout, caps)
+    }
+
+    /// [`Client::connect`] with explicit queue-pair sizes (start from
+    /// [`client_caps`]); the send queue keeps 64 slots for grants.
+    pub fn connect_with_caps(
+        provider: &P,
+        addr: SocketAddr,
+        cfg: SmbdConfig,
+        alloc: SliceAllocator,
+        mr: MemoryRegion,
+        timeout: Duration,
+        caps: QpCaps,
+    ) -> Result<Self, ClientError> {
         let cq = provider.create_cq(caps.max_recv_wr + caps.max_send_wr)?;
         let (qp, _pd) = provider.connect(addr, &cq.handle(), caps, &[], timeout)?;
         let pool: BufferPool = alloc.pool().clone();
         let origin = Instant::now();
         let conn = Connection::new_active(cfg, PInstant::ZERO);
         let mut ep = Endpoint::new(qp, conn, pool, mr);
-        ep.set_send_depth(caps.max_send_wr);
+        ep.set_send_depth(caps.max_send_wr.saturating_sub(GRANT_ROOM).max(1));
         let mut c = Client {
             cq,
             ep,
             alloc,
+            mr,
             origin,
             wcs: [Completion::EMPTY; 16],
         };
@@ -201,13 +252,23 @@ impl<P: Provider> Client<P> {
         timeout: Duration,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ClientError> {
+        self.recv_with_token(timeout, |m, _| f(m))
+    }
+
+    /// [`Client::recv_with`], also passing the token the message's Send with
+    /// Invalidate invalidated (Connection.InvalidatedToken), if any.
+    pub fn recv_with_token<R>(
+        &mut self,
+        timeout: Duration,
+        f: impl FnOnce(&[u8], Option<u32>) -> R,
+    ) -> Result<R, ClientError> {
         let deadline = Instant::now() + timeout;
         let mut f = Some(f);
         let mut out = None;
         while out.is_none() {
-            self.step(&mut |m, _| {
+            self.step(&mut |m, token| {
                 if let Some(f) = f.take() {
-                    out = Some(f(m));
+                    out = Some(f(m, token));
                 }
             })?;
             if out.is_none() && Instant::now() > deadline {
@@ -215,6 +276,117 @@ impl<P: Provider> Client<P> {
             }
         }
         Ok(out.expect("set above"))
+    }
+
+    /// A pool buffer of at least `len` bytes, for RDMA data.
+    pub fn alloc_buffer(&mut self, len: usize) -> Result<BufId, ClientError> {
+        self.alloc
+            .alloc_len(len.max(1))
+            .map_err(|_| ClientError::PoolExhausted)
+    }
+
+    /// Returns a buffer from [`Client::alloc_buffer`] (revoke its grants
+    /// first).
+    pub fn free_buffer(&mut self, id: BufId) {
+        let _ = self.alloc.free(id);
+    }
+
+    /// Usable bytes of a buffer (0 for a stale id).
+    pub fn buffer_len(&self, id: BufId) -> usize {
+        self.alloc.pool().locate(id).map_or(0, |l| l.len)
+    }
+
+    /// Copies `bytes` into buffer `id` at `offset`; false if out of range.
+    /// Meaningful only while no grant lets the peer write that range.
+    pub fn write_buffer(&mut self, id: BufId, offset: usize, bytes: &[u8]) -> bool {
+        let Some(loc) = self.alloc.pool().locate(id) else {
+            return false;
+        };
+        if offset
+            .checked_add(bytes.len())
+            .map_or(true, |end| end > loc.len)
+        {
+            return false;
+        }
+        // SAFETY: the range is inside the live buffer (checked above), which
+        // this client owns; a raw copy, since a peer granted access may touch
+        // the memory concurrently (the caller is told not to rely on that).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), loc.ptr.as_ptr().add(offset), bytes.len())
+        };
+        true
+    }
+
+    /// Copies `out.len()` bytes of buffer `id` from `offset` into `out`;
+    /// false if out of range.
+    pub fn read_buffer(&self, id: BufId, offset: usize, out: &mut [u8]) -> bool {
+        let Some(loc) = self.alloc.pool().locate(id) else {
+            return false;
+        };
+        if offset
+            .checked_add(out.len())
+            .map_or(true, |end| end > loc.len)
+        {
+            return false;
+        }
+        // SAFETY: as in `write_buffer`, in the other direction.
+        unsafe {
+            std::ptr::copy_nonoverlapping(loc.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+        };
+        true
+    }
+
+    /// The SGE of `len` bytes at `offset` into buffer `id`.
+    pub fn sge(&self, id: BufId, offset: usize, len: usize) -> Option<Sge> {
+        let loc = self.alloc.pool().locate(id)?;
+        if offset.checked_add(len)? > loc.len {
+            return None;
+        }
+        Some(
+            self.mr
+                .sge((loc.offset + offset) as u64, u32::try_from(len).ok()?),
+        )
+    }
+
+    /// Grants the server `access` to `len` bytes at `offset` into buffer
+    /// `id`, through this connection only ([MS-SMBD] 3.1.4.3 Register
+    /// Buffer); put [`buffer_descriptor`] of the result in a request.
+    pub fn grant(
+        &mut self,
+        id: BufId,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Grant, ClientError> {
+        let sge = self.sge(id, offset, len).ok_or_else(|| {
+            ClientError::Provider(ProviderError::GrantFailed(format!(
+                "{len} bytes at {offset} are outside buffer {id:?}"
+            )))
+        })?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.ep.qp_mut().grant(LOCAL_WR_ID, sge, access, true) {
+                // A full send queue drains as completions are polled.
+                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                    self.step(&mut |_, _| {})?;
+                }
+                r => return r.map_err(ClientError::Provider),
+            }
+        }
+    }
+
+    /// Revokes a grant ([MS-SMBD] 3.1.4.4 Deregister Buffer); revoking one
+    /// the server already invalidated is not an error.
+    pub fn revoke(&mut self, rkey: u32) -> Result<(), ClientError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.ep.qp_mut().revoke(LOCAL_WR_ID, rkey, true) {
+                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                    self.step(&mut |_, _| {})?;
+                }
+                r => return r.map_err(ClientError::Provider),
+            }
+        }
     }
 
     /// Closes the connection and waits (up to `timeout`) for every posted

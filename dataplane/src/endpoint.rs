@@ -9,24 +9,64 @@
 //! Receive buffers are posted through [`Connection`]'s [`ReceivePoster`]
 //! ([MS-SMBD] 3.1.5.9) directly on the queue pair, so a credit is only ever
 //! granted for a receive that is really posted.
+//!
+//! RDMA Reads and Writes the upper layer requests against the peer's Buffer
+//! Descriptor V1 arrays ([MS-SMBD] 3.1.4.5, 3.1.4.6) run here too, from a
+//! fixed table of [`RdmaOps`] allocated when the connection is attached: see
+//! [`Endpoint::post_rdma`] for how they are posted (one work request per
+//! descriptor segment, chained, selectively signaled, RDMA Reads bounded by
+//! the negotiated ORD) and [`Endpoint::outstanding`] for how teardown waits
+//! for them.
 
 use crate::capture::{CaptureConn, CaptureHandle, CaptureOp, Direction};
 use crate::provider::{
-    Completion, MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Completion, MemoryRegion, ProviderError, QueuePair, RecvWr, RemoteBuf, SendOp, SendWr, Sge,
+    WcOpcode, WcStatus,
 };
-use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
+use crate::upper::{Backpressure, RdmaError, RdmaKind, Ticket};
+use smbdirect_hugepages::{AllocError, BufId, BufferPool, ClassId, SliceAllocator};
+use smbdirect_protocol::smbd::rdma_slice;
+use smbdirect_protocol::smbd::read_depth::ReadDepth;
+use smbdirect_protocol::smbd::wire::BufferDescriptorArray;
 use smbdirect_protocol::smbd::{
     Connection, MessageData, NegotiateDecision, Receive, ReceivePoster, Role, SendError,
     TerminateReason, MAX_HEADER_LEN,
 };
 use smbdirect_protocol::time::Instant;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Tag in the top bits of a work-request id: which kind of buffer it names.
 const KIND_SHIFT: u32 = 62;
 const KIND_RECV: u64 = 1;
 const KIND_SEND: u64 = 2;
+/// An RDMA Read or Write of an upper-layer operation; the rest of the id is
+/// laid out by [`rdma_wr_id`].
+const KIND_RDMA: u64 = 3;
 const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
+
+/// RDMA operations a connection may have requested and not yet finished
+/// (the default size of its [`RdmaOps`] table).
+pub const RDMA_OPS_PER_CONNECTION: usize = 32;
+/// Most work requests chained in one `post_send` (one per descriptor
+/// segment); an operation with more segments is posted in several chains.
+const RDMA_CHAIN: usize = 16;
+
+// RDMA work-request id layout (below the 2 kind bits): op slot, work
+// requests in the chain, "last of its chain", low bits of the op's ticket.
+const RDMA_SLOT_BITS: u32 = 16;
+const RDMA_N_SHIFT: u32 = 16;
+const RDMA_LAST_BIT: u32 = 32;
+const RDMA_GEN_SHIFT: u32 = 33;
+const RDMA_GEN_MASK: u64 = (1 << (KIND_SHIFT - RDMA_GEN_SHIFT)) - 1;
+
+fn rdma_wr_id(slot: usize, n: usize, last: bool, ticket: Ticket) -> u64 {
+    (KIND_RDMA << KIND_SHIFT)
+        | ((ticket.0 & RDMA_GEN_MASK) << RDMA_GEN_SHIFT)
+        | (u64::from(last) << RDMA_LAST_BIT)
+        | ((n as u64 & 0xffff) << RDMA_N_SHIFT)
+        | (slot as u64 & ((1 << RDMA_SLOT_BITS) - 1))
+}
 
 /// The work-request id of a receive posted with buffer `buf` on behalf of an
 /// endpoint (the control plane posts the negotiate receive before accepting).
@@ -98,6 +138,475 @@ pub struct EndpointStats {
     pub sends_posted: u64,
     /// Sends held back because the pool had no send buffer.
     pub pool_stalls: u64,
+}
+
+/// Counters of a connection's RDMA operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdmaStats {
+    /// RDMA Read work requests posted.
+    pub reads_posted: u64,
+    /// RDMA Write work requests posted.
+    pub writes_posted: u64,
+    /// Bytes read from the peer by completed operations.
+    pub bytes_read: u64,
+    /// Bytes written to the peer by completed operations.
+    pub bytes_written: u64,
+    /// `post_send` calls (chains) for RDMA.
+    pub chains_posted: u64,
+    /// Times an RDMA Read waited because ORD reads were outstanding.
+    pub ord_waits: u64,
+    /// Most RDMA Reads ever outstanding at once (never above ORD).
+    pub max_reads_in_flight: u32,
+    /// Operations completed successfully.
+    pub ops_completed: u64,
+    /// Operations that failed (and took the connection down).
+    pub ops_failed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpState {
+    /// Slot unused.
+    Free,
+    /// Requested by an upper-layer call still in progress: undone if the
+    /// handler returns backpressure.
+    Staged,
+    /// Waiting for (or in the middle of) posting, or in flight.
+    Queued,
+    /// Every work request completed successfully; waiting for the upper
+    /// layer's `on_rdma_complete`.
+    Done,
+    /// A work request failed; the slot is freed once nothing is in flight.
+    Failed,
+}
+
+/// An `rdma_write_back` staged during `on_rdma_complete` of a Read: the
+/// Read's data buffer becomes a Write's once the handler returns `Ok`.
+#[derive(Debug, Clone, Copy)]
+struct Continuation {
+    ticket: Ticket,
+    aux: BufId,
+    descs_len: u32,
+    ctx_len: u32,
+    offset: u64,
+}
+
+/// One RDMA operation: where its data is, what describes the peer buffer,
+/// how far it is posted and what of it is in flight.
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    state: OpState,
+    kind: RdmaKind,
+    ticket: Ticket,
+    /// The local data buffer (pool).
+    data: Option<BufId>,
+    len: u32,
+    /// Pool buffer holding the descriptors as received, then the context.
+    aux: Option<BufId>,
+    descs_len: u32,
+    ctx_len: u32,
+    /// Offset into the buffer the descriptors describe.
+    offset: u64,
+    /// Bytes whose work requests are posted.
+    posted: u32,
+    /// Work requests posted and not yet retired.
+    wrs: u32,
+    /// Chains posted and not yet retired (each ends in a signaled request).
+    chains: u32,
+    cont: Option<Continuation>,
+}
+
+impl Op {
+    const FREE: Op = Op {
+        state: OpState::Free,
+        kind: RdmaKind::Read,
+        ticket: Ticket(0),
+        data: None,
+        len: 0,
+        aux: None,
+        descs_len: 0,
+        ctx_len: 0,
+        offset: 0,
+        posted: 0,
+        wrs: 0,
+        chains: 0,
+        cont: None,
+    };
+}
+
+/// What the worker hands the upper layer for a finished operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DoneOp {
+    pub slot: usize,
+    pub ticket: Ticket,
+    pub kind: RdmaKind,
+    pub data: BufId,
+    pub len: u32,
+    pub aux: BufId,
+    pub descs_len: u32,
+    pub ctx_len: u32,
+}
+
+/// The RDMA operations of one connection: a fixed table allocated with the
+/// connection, FIFO queues of slot numbers within it, and the ORD limiter
+/// ([MS-SMBD] Appendix A). Nothing here allocates after construction.
+#[derive(Debug)]
+pub struct RdmaOps {
+    ops: Box<[Op]>,
+    /// Ops with bytes left to post (and staged ones), oldest first.
+    pending: VecDeque<u16>,
+    /// Finished ops waiting for the upper layer, in completion order.
+    done: VecDeque<u16>,
+    depth: ReadDepth,
+    /// RDMA work requests on the send queue (not yet retired).
+    wrs_in_flight: u32,
+    next_ticket: u64,
+    stats: RdmaStats,
+}
+
+/// A pool buffer of at least `len` bytes: the smallest class that holds it,
+/// or the next larger one with a free buffer when that class is exhausted.
+fn alloc_at_least(
+    alloc: &mut SliceAllocator,
+    pool: &BufferPool,
+    len: usize,
+) -> Result<BufId, AllocError> {
+    let first = alloc.alloc_len(len);
+    let Err(AllocError::Exhausted { class, .. }) = first else {
+        return first;
+    };
+    let size = |c: ClassId| pool.class_layout(c).map_or(0, |l| l.buf_size);
+    let mut tried = size(class);
+    loop {
+        let next = (0..pool.class_count())
+            .map(|c| ClassId(c as u8))
+            .filter(|&c| size(c) > tried)
+            .min_by_key(|&c| size(c));
+        let Some(c) = next else {
+            return first;
+        };
+        if let Ok(id) = alloc.alloc(c) {
+            return Ok(id);
+        }
+        tried = size(c);
+    }
+}
+
+/// One chain of RDMA work requests: per segment, one SGE into the op's data
+/// buffer and the peer buffer it moves to or from.
+struct Chain {
+    sges: [[Sge; 1]; RDMA_CHAIN],
+    remotes: [RemoteBuf; RDMA_CHAIN],
+    n: usize,
+    bytes: u32,
+}
+
+/// The next (up to `room`) segments of `op` from where its posting stopped:
+/// the descriptors sliced per [MS-SMBD] 3.1.4.5/3.1.4.6 at `offset +
+/// posted`, each mapped to the same position in the data buffer at region
+/// offset `base`. None if nothing is left or the descriptors do not slice.
+fn next_chain(op: &Op, descs: &[u8], base: u64, mr: MemoryRegion, room: usize) -> Option<Chain> {
+    let arr = BufferDescriptorArray::new_checked(descs).ok()?;
+    let posted = u64::from(op.posted);
+    let segs = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted)).ok()?;
+    let mut c = Chain {
+        sges: [[Sge {
+            addr: 0,
+            len: 0,
+            lkey: 0,
+        }]; RDMA_CHAIN],
+        remotes: [RemoteBuf { addr: 0, rkey: 0 }; RDMA_CHAIN],
+        n: 0,
+        bytes: 0,
+    };
+    for seg in segs.take(room.min(RDMA_CHAIN)) {
+        c.sges[c.n] = [mr.sge(base + posted + seg.local_offset, seg.length)];
+        c.remotes[c.n] = RemoteBuf {
+            addr: seg.remote_offset,
+            rkey: seg.token,
+        };
+        c.bytes += seg.length;
+        c.n += 1;
+    }
+    (c.n > 0).then_some(c)
+}
+
+fn map_alloc(e: AllocError) -> RdmaError {
+    match e {
+        AllocError::TooLarge { len, largest } => RdmaError::TooLarge {
+            len: len as u64,
+            max: largest as u64,
+        },
+        _ => RdmaError::Backpressure(Backpressure::PoolExhausted),
+    }
+}
+
+impl RdmaOps {
+    /// A table of `capacity` operations for a queue pair whose negotiated
+    /// ORD is `ord`.
+    pub fn new(capacity: usize, ord: u32) -> Self {
+        let capacity = capacity.clamp(1, 1 << RDMA_SLOT_BITS);
+        RdmaOps {
+            ops: vec![Op::FREE; capacity].into_boxed_slice(),
+            pending: VecDeque::with_capacity(capacity),
+            done: VecDeque::with_capacity(capacity),
+            depth: ReadDepth::new(ord),
+            wrs_in_flight: 0,
+            next_ticket: 1,
+            stats: RdmaStats::default(),
+        }
+    }
+
+    /// The ORD reads are bounded by.
+    pub fn ord(&self) -> u32 {
+        self.depth.ord()
+    }
+
+    /// RDMA Reads outstanding now.
+    pub fn reads_in_flight(&self) -> u32 {
+        self.depth.outstanding()
+    }
+
+    /// RDMA work requests on the send queue now.
+    pub fn wrs_in_flight(&self) -> u32 {
+        self.wrs_in_flight
+    }
+
+    /// Operations requested and not finished (or not yet handed back).
+    pub fn active(&self) -> usize {
+        self.ops.iter().filter(|o| o.state != OpState::Free).count()
+    }
+
+    /// Operations with work requests still to post.
+    pub fn waiting(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RdmaStats {
+        &self.stats
+    }
+
+    fn take_ticket(&mut self) -> Ticket {
+        let t = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        t
+    }
+
+    /// Validates a request and copies `descs` and `context` into one pool
+    /// buffer; returns it with the descriptors' length.
+    fn stage_aux(
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        context: &[u8],
+    ) -> Result<(BufId, u32, u32), RdmaError> {
+        let arr = BufferDescriptorArray::new_checked(descs).map_err(RdmaError::Malformed)?;
+        rdma_slice::slice(&arr, offset, u64::from(len)).map_err(RdmaError::Descriptors)?;
+        let aux_len = descs.len() + context.len();
+        let aux = alloc_at_least(alloc, pool, aux_len).map_err(map_alloc)?;
+        // SAFETY: `aux` was just allocated and is exclusively ours.
+        match unsafe { pool.bytes_mut(aux) } {
+            Some(b) if b.len() >= aux_len => {
+                b[..descs.len()].copy_from_slice(descs);
+                b[descs.len()..aux_len].copy_from_slice(context);
+            }
+            _ => {
+                let _ = alloc.free(aux);
+                return Err(RdmaError::Backpressure(Backpressure::PoolExhausted));
+            }
+        }
+        Ok((aux, descs.len() as u32, context.len() as u32))
+    }
+
+    /// Stages a new operation (see [`crate::upper::Replies::rdma_read`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn stage(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        kind: RdmaKind,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        max_len: u32,
+        context: &[u8],
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Ticket, RdmaError> {
+        if len > max_len {
+            // Connection.MaxReadWriteSize ([MS-SMBD] 3.1.1.1).
+            return Err(RdmaError::TooLarge {
+                len: u64::from(len),
+                max: u64::from(max_len),
+            });
+        }
+        let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
+            return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
+        };
+        let (aux, descs_len, ctx_len) = Self::stage_aux(alloc, pool, descs, offset, len, context)?;
+        let data = match alloc_at_least(alloc, pool, len as usize) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = alloc.free(aux);
+                return Err(map_alloc(e));
+            }
+        };
+        if kind == RdmaKind::Write {
+            // SAFETY: `data` was just allocated and is exclusively ours.
+            match unsafe { pool.bytes_mut(data) } {
+                Some(b) if b.len() >= len as usize => fill(&mut b[..len as usize]),
+                _ => {
+                    let _ = alloc.free(aux);
+                    let _ = alloc.free(data);
+                    return Err(RdmaError::Backpressure(Backpressure::PoolExhausted));
+                }
+            }
+        }
+        let ticket = self.take_ticket();
+        self.ops[slot] = Op {
+            state: OpState::Staged,
+            kind,
+            ticket,
+            data: Some(data),
+            len,
+            aux: Some(aux),
+            descs_len,
+            ctx_len,
+            offset,
+            posted: 0,
+            wrs: 0,
+            chains: 0,
+            cont: None,
+        };
+        // Cannot exceed the capacity: one entry per non-free slot at most.
+        self.pending.push_back(slot as u16);
+        Ok(ticket)
+    }
+
+    /// Stages turning the Read in `slot` (being completed) into a Write of
+    /// the same bytes (see [`crate::upper::Replies::rdma_write_back`]).
+    pub(crate) fn stage_write_back(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        slot: usize,
+        descs: &[u8],
+        offset: u64,
+        context: &[u8],
+    ) -> Result<Ticket, RdmaError> {
+        let op = self.ops.get(slot).copied().ok_or(RdmaError::NotAvailable)?;
+        if op.state != OpState::Done || op.kind != RdmaKind::Read || op.cont.is_some() {
+            return Err(RdmaError::NotAvailable);
+        }
+        let (aux, descs_len, ctx_len) =
+            Self::stage_aux(alloc, pool, descs, offset, op.len, context)?;
+        let ticket = self.take_ticket();
+        self.ops[slot].cont = Some(Continuation {
+            ticket,
+            aux,
+            descs_len,
+            ctx_len,
+            offset,
+        });
+        Ok(ticket)
+    }
+
+    /// The upper layer's handler returned `Ok`: staged operations are
+    /// queued, and the operation being completed (`completing`) is either
+    /// continued as a Write or freed.
+    pub(crate) fn commit(&mut self, alloc: &mut SliceAllocator, completing: Option<usize>) {
+        for &s in self.pending.iter().rev() {
+            let op = &mut self.ops[s as usize];
+            if op.state != OpState::Staged {
+                break;
+            }
+            op.state = OpState::Queued;
+        }
+        let Some(slot) = completing else {
+            return;
+        };
+        if self.done.front() == Some(&(slot as u16)) {
+            self.done.pop_front();
+        } else {
+            self.done.retain(|&s| s as usize != slot);
+        }
+        let op = &mut self.ops[slot];
+        match op.cont.take() {
+            Some(c) => {
+                if let Some(old) = op.aux.replace(c.aux) {
+                    let _ = alloc.free(old);
+                }
+                op.state = OpState::Queued;
+                op.kind = RdmaKind::Write;
+                op.ticket = c.ticket;
+                op.descs_len = c.descs_len;
+                op.ctx_len = c.ctx_len;
+                op.offset = c.offset;
+                op.posted = 0;
+                self.pending.push_back(slot as u16);
+            }
+            None => Self::free_op(op, alloc),
+        }
+    }
+
+    /// The handler returned backpressure: staged operations are undone
+    /// (their buffers freed); the operation being completed stays done.
+    pub(crate) fn abort(&mut self, alloc: &mut SliceAllocator, completing: Option<usize>) {
+        while let Some(&s) = self.pending.back() {
+            let op = &mut self.ops[s as usize];
+            if op.state != OpState::Staged {
+                break;
+            }
+            Self::free_op(op, alloc);
+            self.pending.pop_back();
+        }
+        if let Some(op) = completing.and_then(|s| self.ops.get_mut(s)) {
+            if let Some(c) = op.cont.take() {
+                let _ = alloc.free(c.aux);
+            }
+        }
+    }
+
+    fn free_op(op: &mut Op, alloc: &mut SliceAllocator) {
+        for b in [op.data.take(), op.aux.take(), op.cont.take().map(|c| c.aux)]
+            .into_iter()
+            .flatten()
+        {
+            let _ = alloc.free(b);
+        }
+        *op = Op::FREE;
+    }
+
+    /// The oldest finished operation, if any.
+    pub(crate) fn peek_done(&self) -> Option<DoneOp> {
+        let slot = *self.done.front()? as usize;
+        let op = &self.ops[slot];
+        Some(DoneOp {
+            slot,
+            ticket: op.ticket,
+            kind: op.kind,
+            data: op.data?,
+            len: op.len,
+            aux: op.aux?,
+            descs_len: op.descs_len,
+            ctx_len: op.ctx_len,
+        })
+    }
+
+    /// Frees every operation with nothing in flight (connection teardown).
+    pub(crate) fn release_idle(&mut self, alloc: &mut SliceAllocator) {
+        for op in self.ops.iter_mut() {
+            if op.state != OpState::Free && op.chains == 0 {
+                Self::free_op(op, alloc);
+            }
+        }
+        let ops = &self.ops;
+        self.pending
+            .retain(|&s| ops[s as usize].state != OpState::Free);
+        self.done
+            .retain(|&s| ops[s as usize].state != OpState::Free);
+    }
 }
 
 /// Posts receives on behalf of the connection.
@@ -174,6 +683,8 @@ pub struct Endpoint<Q: QueuePair> {
     defer_negotiation: bool,
     send_depth: u32,
     capture: Option<(Arc<CaptureHandle>, CaptureConn)>,
+    /// The upper layer's RDMA operations (None until enabled).
+    rdma: Option<RdmaOps>,
 }
 
 impl<Q: QueuePair> Endpoint<Q> {
@@ -191,7 +702,26 @@ impl<Q: QueuePair> Endpoint<Q> {
             defer_negotiation: false,
             send_depth: u32::MAX,
             capture: None,
+            rdma: None,
         }
+    }
+
+    /// Gives the connection a table of `capacity` RDMA operations, with
+    /// RDMA Reads bounded by the queue pair's negotiated ORD ([MS-SMBD]
+    /// Appendix A). Allocates: call when the connection is attached.
+    pub fn enable_rdma(&mut self, capacity: usize) {
+        let (_ird, ord) = self.qp.ird_ord();
+        self.rdma = Some(RdmaOps::new(capacity, ord));
+    }
+
+    /// The RDMA operations, if enabled.
+    pub fn rdma(&self) -> Option<&RdmaOps> {
+        self.rdma.as_ref()
+    }
+
+    /// The RDMA operations, mutably (to build [`crate::upper::Replies`]).
+    pub fn rdma_mut(&mut self) -> Option<&mut RdmaOps> {
+        self.rdma.as_mut()
     }
 
     /// Records every message sent and received on this connection
@@ -259,10 +789,20 @@ impl<Q: QueuePair> Endpoint<Q> {
         self.failed
     }
 
-    /// Work requests (receives and sends) whose completions are outstanding:
-    /// zero once everything has been returned to the pool.
+    /// Work requests (receives, sends, RDMA Reads and Writes) whose
+    /// completions are outstanding: zero once the provider has returned
+    /// everything, so every buffer (RDMA data buffers included) can go back
+    /// to the pool. Every RDMA chain ends in a signaled request, and a
+    /// broken queue pair flushes it, so RDMA work always comes back.
     pub fn outstanding(&self) -> u64 {
-        self.recv_posted as u64 + self.sends_in_flight as u64
+        self.recv_posted as u64
+            + self.sends_in_flight as u64
+            + self.rdma.as_ref().map_or(0, |r| r.wrs_in_flight as u64)
+    }
+
+    /// Send-queue slots in use (sends and RDMA work requests).
+    fn sq_used(&self) -> u32 {
+        self.sends_in_flight + self.rdma.as_ref().map_or(0, |r| r.wrs_in_flight)
     }
 
     /// Accounts for `n` receives posted on the queue pair by someone else
@@ -379,23 +919,229 @@ impl<Q: QueuePair> Endpoint<Q> {
                     }
                 }
             }
+            KIND_RDMA => {
+                self.on_rdma_completion(wc, alloc);
+                if wc.status != WcStatus::Success {
+                    if self.failed.is_none() {
+                        self.conn.handle_connection_lost();
+                    }
+                    return Err(self.fail(EndpointError::Provider(wc.status)));
+                }
+                Ok(None)
+            }
             _ => Ok(None),
+        }
+    }
+
+    /// Accounts for one RDMA completion: the last request of a chain
+    /// retires the whole chain (selective signaling: the send queue
+    /// completes in order, so the unsignaled requests before it are done
+    /// too) and gives its RDMA Reads back to the ORD limiter. A failed
+    /// request fails its operation; the connection fails with it.
+    fn on_rdma_completion(&mut self, wc: &Completion, alloc: &mut SliceAllocator) {
+        let Some(r) = self.rdma.as_mut() else {
+            return;
+        };
+        let slot = (wc.wr_id & ((1 << RDMA_SLOT_BITS) - 1)) as usize;
+        let n = ((wc.wr_id >> RDMA_N_SHIFT) & 0xffff) as u32;
+        let last = (wc.wr_id >> RDMA_LAST_BIT) & 1 == 1;
+        let gen = (wc.wr_id >> RDMA_GEN_SHIFT) & RDMA_GEN_MASK;
+        let Some(op) = r.ops.get_mut(slot) else {
+            return;
+        };
+        if op.state == OpState::Free || op.ticket.0 & RDMA_GEN_MASK != gen {
+            debug_assert!(false, "RDMA completion for an op not in flight");
+            return;
+        }
+        if last {
+            op.wrs = op.wrs.saturating_sub(n);
+            op.chains = op.chains.saturating_sub(1);
+            r.wrs_in_flight = r.wrs_in_flight.saturating_sub(n);
+            if op.kind == RdmaKind::Read {
+                for _ in 0..n {
+                    r.depth.complete();
+                }
+            }
+        }
+        if wc.status != WcStatus::Success && op.state != OpState::Failed {
+            op.state = OpState::Failed;
+            r.stats.ops_failed += 1;
+        }
+        if op.chains > 0 {
+            return;
+        }
+        match op.state {
+            OpState::Queued if op.posted == op.len && self.failed.is_none() => {
+                op.state = OpState::Done;
+                r.stats.ops_completed += 1;
+                match op.kind {
+                    RdmaKind::Read => r.stats.bytes_read += u64::from(op.len),
+                    RdmaKind::Write => r.stats.bytes_written += u64::from(op.len),
+                }
+                r.done.push_back(slot as u16);
+            }
+            OpState::Queued if op.posted < op.len && self.failed.is_none() => {}
+            OpState::Failed | OpState::Queued => {
+                // Nothing of it in flight any more: its buffers go home.
+                RdmaOps::free_op(op, alloc);
+                let ops = &r.ops;
+                r.pending
+                    .retain(|&s| ops[s as usize].state != OpState::Free);
+            }
+            OpState::Free | OpState::Staged | OpState::Done => {}
+        }
+    }
+
+    /// Posts the upper layer's queued RDMA operations ([MS-SMBD] 3.1.4.5,
+    /// 3.1.4.6), oldest first, as far as the send queue and ORD allow:
+    ///
+    /// - the peer buffer is sliced with [`rdma_slice::slice`] from the
+    ///   descriptors as received, one work request per segment, each with
+    ///   one SGE into the operation's pool buffer;
+    /// - the requests go in chains of up to 16 with one `post_send`, only
+    ///   the last signaled (its completion retires the chain);
+    /// - RDMA Reads take a slot of the negotiated ORD each
+    ///   ([`ReadDepth`]); with none left, the Read waits (Writes behind it
+    ///   may pass) until a chain of Reads completes: reads beyond ORD are
+    ///   never posted;
+    /// - RDMA work requests and Sends share the send queue's depth.
+    ///
+    /// Ordering ([MS-SMBD] 1.5): RDMA Write data is placed at the peer before
+    /// a later Send on this queue pair completes there, so a reply sent after
+    /// the Write is never seen before the data. (The worker additionally
+    /// waits for the Write's completion before the upper layer replies.)
+    pub fn post_rdma(&mut self) -> Result<(), EndpointError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let used = self.sq_used();
+        let mut sq_room = self.send_depth.saturating_sub(used);
+        let (qp, pool, mr) = (&mut self.qp, &self.pool, self.mr);
+        let Some(r) = self.rdma.as_mut() else {
+            return Ok(());
+        };
+        // (error, whether the connection is lost) once the loop stops.
+        let mut failure: Option<(WcStatus, bool)> = None;
+        let mut i = 0;
+        while i < r.pending.len() && sq_room > 0 {
+            let slot = r.pending[i] as usize;
+            let op = r.ops[slot];
+            if op.state != OpState::Queued || op.posted >= op.len {
+                i += 1;
+                continue;
+            }
+            let mut room = (sq_room as usize).min(RDMA_CHAIN);
+            if op.kind == RdmaKind::Read {
+                let ord_room = (r.depth.ord() - r.depth.outstanding()) as usize;
+                if ord_room == 0 {
+                    r.stats.ord_waits += 1;
+                    i += 1;
+                    continue;
+                }
+                room = room.min(ord_room);
+            }
+            // SAFETY: the aux buffer belongs to this op and is never given to
+            // the provider; nothing writes it while the op lives.
+            let descs = op
+                .aux
+                .and_then(|aux| unsafe { pool.bytes(aux) })
+                .and_then(|b| b.get(..op.descs_len as usize));
+            let base = op
+                .data
+                .and_then(|d| pool.locate(d))
+                .map(|l| l.offset as u64);
+            // Validated when the op was staged: failing here is a bug,
+            // reported as a local protection error rather than a panic.
+            let Some(Chain {
+                sges,
+                remotes,
+                n,
+                bytes,
+            }) = descs
+                .zip(base)
+                .and_then(|(descs, base)| next_chain(&op, descs, base, mr, room))
+            else {
+                failure = Some((WcStatus::LocalProtectionError, false));
+                break;
+            };
+            let wrs: [SendWr<'_>; RDMA_CHAIN] = core::array::from_fn(|k| SendWr {
+                wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
+                op: match op.kind {
+                    RdmaKind::Read => SendOp::RdmaRead {
+                        sges: &sges[k],
+                        remote: remotes[k],
+                    },
+                    RdmaKind::Write => SendOp::RdmaWrite {
+                        sges: &sges[k],
+                        remote: remotes[k],
+                    },
+                },
+                // Selective signaling: the chain's last request completes
+                // for all of them (errors always complete).
+                signaled: k + 1 == n,
+            });
+            match qp.post_send(&wrs[..n]) {
+                Ok(()) => {}
+                // The provider counts work requests we do not (grants,
+                // revokes): try again after completions.
+                Err(ProviderError::QueueFull) => break,
+                Err(_) => {
+                    failure = Some((WcStatus::Flushed, true));
+                    break;
+                }
+            }
+            r.stats.chains_posted += 1;
+            if op.kind == RdmaKind::Read {
+                for _ in 0..n {
+                    let started = r.depth.try_start();
+                    debug_assert!(started, "ORD room was checked");
+                }
+                r.stats.reads_posted += n as u64;
+                r.stats.max_reads_in_flight =
+                    r.stats.max_reads_in_flight.max(r.depth.outstanding());
+            } else {
+                r.stats.writes_posted += n as u64;
+            }
+            r.wrs_in_flight += n as u32;
+            sq_room -= n as u32;
+            let o = &mut r.ops[slot];
+            o.wrs += n as u32;
+            o.chains += 1;
+            o.posted += bytes;
+            if o.posted >= o.len {
+                r.pending.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some((status, lost)) => {
+                if lost {
+                    self.conn.handle_connection_lost();
+                }
+                Err(self.fail(EndpointError::Provider(status)))
+            }
+        }
+    }
+
+    /// Frees the buffers of RDMA operations with nothing in flight; on a
+    /// closing connection, call until [`Endpoint::outstanding`] is zero.
+    pub fn release_rdma(&mut self, alloc: &mut SliceAllocator) {
+        if let Some(r) = self.rdma.as_mut() {
+            r.release_idle(alloc);
         }
     }
 
     /// The bytes of a delivered message.
     pub fn message(&self, d: &Delivery) -> &[u8] {
-        match &d.data {
-            MessageData::Reassembled => self.conn.reassembled(),
-            MessageData::InPlace(r) => {
-                // SAFETY: the delivery keeps the receive buffer allocated and
-                // untouched by the provider (it is no longer posted).
-                match unsafe { self.pool.bytes(d.buf) } {
-                    Some(b) if r.end <= b.len() => &b[r.clone()],
-                    _ => &[],
-                }
-            }
-        }
+        message_bytes(&self.conn, &self.pool, d)
+    }
+
+    /// A delivered message's bytes and the RDMA operations, at once (the
+    /// upper layer reads the one and requests the other).
+    pub fn message_and_rdma(&mut self, d: &Delivery) -> (&[u8], Option<&mut RdmaOps>) {
+        (message_bytes(&self.conn, &self.pool, d), self.rdma.as_mut())
     }
 
     /// Returns a delivery's receive buffer to the pool.
@@ -409,6 +1155,17 @@ impl<Q: QueuePair> Endpoint<Q> {
         self.conn.send(msg.to_bits(), len, None)
     }
 
+    /// [`Endpoint::send`], as Send with Invalidate of the peer's `token`
+    /// when given ([MS-SMBD] 3.1.5.1: the last fragment carries it).
+    pub fn send_with_invalidate(
+        &mut self,
+        msg: BufId,
+        len: u32,
+        invalidate: Option<u32>,
+    ) -> Result<(), SendError> {
+        self.conn.send(msg.to_bits(), len, invalidate)
+    }
+
     /// Posts everything the connection wants to transmit. Returns false when
     /// a send buffer was not available (call again after completions).
     pub fn flush(
@@ -419,9 +1176,12 @@ impl<Q: QueuePair> Endpoint<Q> {
         if let Some(e) = self.failed {
             return Err(e);
         }
+        // RDMA first: a reply the upper layer queued after an RDMA Write was
+        // queued after its completion, so no ordering is at stake here.
+        self.post_rdma()?;
         let mut hdr = [0u8; MAX_HEADER_LEN];
         loop {
-            if self.sends_in_flight >= self.send_depth {
+            if self.sq_used() >= self.send_depth {
                 return Ok(true); // completions will call us again
             }
             // Reserve the send buffer first, so a transmit the connection
@@ -526,5 +1286,455 @@ impl<Q: QueuePair> Endpoint<Q> {
             let _ = alloc.free(BufId::from_bits(m.handle));
         }
         self.fail(EndpointError::Terminated(TerminateReason::LocalClose));
+        self.release_rdma(alloc);
+    }
+}
+
+fn message_bytes<'a>(conn: &'a Connection, pool: &'a BufferPool, d: &Delivery) -> &'a [u8] {
+    match &d.data {
+        MessageData::Reassembled => conn.reassembled(),
+        MessageData::InPlace(r) => {
+            // SAFETY: the delivery keeps the receive buffer allocated and
+            // untouched by the provider (it is no longer posted).
+            match unsafe { pool.bytes(d.buf) } {
+                Some(b) if r.end <= b.len() => &b[r.clone()],
+                _ => &[],
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{Access, Grant, QpId, QpState, RecvWr};
+    use crate::upper::{QueuedReply, Replies};
+    use smbdirect_hugepages::{HugepagePolicy, PoolConfig, SizeClass};
+    use smbdirect_protocol::smbd::rdma_slice::SliceError;
+    use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
+    use smbdirect_protocol::smbd::SmbdConfig;
+
+    /// A queue pair that executes RDMA against an in-memory "peer" at post
+    /// time and hands out completions only when the test asks, so what is
+    /// outstanding at each moment is under the test's control.
+    struct MockQp {
+        ord: u32,
+        peer: Vec<u8>,
+        bad_rkey: u32,
+        /// Posted, unretired send-queue requests: (wr_id, read, signaled,
+        /// status, opcode).
+        sq: VecDeque<(u64, bool, bool, WcStatus, WcOpcode)>,
+        reads_outstanding: u32,
+        max_reads_outstanding: u32,
+        chains: Vec<usize>,
+        broken: bool,
+    }
+
+    impl MockQp {
+        fn new(ord: u32) -> Self {
+            MockQp {
+                ord,
+                peer: (0..1 << 20).map(|i| (i * 7 + 3) as u8).collect(),
+                bad_rkey: 0xdead,
+                sq: VecDeque::new(),
+                reads_outstanding: 0,
+                max_reads_outstanding: 0,
+                chains: Vec::new(),
+                broken: false,
+            }
+        }
+
+        /// Retires requests up to the next one that completes (signaled or
+        /// failed) and returns its completion.
+        fn next_completion(&mut self) -> Option<Completion> {
+            while let Some((wr_id, read, signaled, status, opcode)) = self.sq.pop_front() {
+                if read {
+                    self.reads_outstanding -= 1;
+                }
+                if signaled || status != WcStatus::Success {
+                    return Some(Completion {
+                        wr_id,
+                        qp: QpId(1),
+                        status,
+                        opcode,
+                        byte_len: 0,
+                        invalidated_rkey: None,
+                    });
+                }
+            }
+            None
+        }
+    }
+
+    impl QueuePair for MockQp {
+        fn id(&self) -> QpId {
+            QpId(1)
+        }
+        fn state(&self) -> QpState {
+            if self.broken {
+                QpState::Error
+            } else {
+                QpState::Connected
+            }
+        }
+        fn ird_ord(&self) -> (u32, u32) {
+            (16, self.ord)
+        }
+        fn post_recv(&mut self, _wrs: &[RecvWr]) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ProviderError> {
+            self.chains.push(wrs.len());
+            for wr in wrs {
+                let (read, sges, remote, opcode) = match wr.op {
+                    SendOp::RdmaRead { sges, remote } => (true, sges, remote, WcOpcode::RdmaRead),
+                    SendOp::RdmaWrite { sges, remote } => {
+                        (false, sges, remote, WcOpcode::RdmaWrite)
+                    }
+                    SendOp::Send { .. } => panic!("no sends in these tests"),
+                };
+                assert_eq!(sges.len(), 1, "one SGE per RDMA work request");
+                let status = if self.broken {
+                    WcStatus::Flushed
+                } else if remote.rkey == self.bad_rkey {
+                    self.broken = true;
+                    WcStatus::RemoteAccessError
+                } else {
+                    let (at, len) = (remote.addr as usize, sges[0].len as usize);
+                    let local = sges[0].addr as *mut u8;
+                    // SAFETY: the SGE points into the test's pool (the fake
+                    // region's address is the pool's mapping).
+                    unsafe {
+                        if read {
+                            std::ptr::copy_nonoverlapping(self.peer[at..].as_ptr(), local, len);
+                        } else {
+                            std::ptr::copy_nonoverlapping(
+                                local,
+                                self.peer[at..at + len].as_mut_ptr(),
+                                len,
+                            );
+                        }
+                    }
+                    WcStatus::Success
+                };
+                if read {
+                    self.reads_outstanding += 1;
+                    self.max_reads_outstanding =
+                        self.max_reads_outstanding.max(self.reads_outstanding);
+                }
+                self.sq
+                    .push_back((wr.wr_id, read, wr.signaled, status, opcode));
+            }
+            Ok(())
+        }
+        fn grant(
+            &mut self,
+            _wr_id: u64,
+            _sge: Sge,
+            _access: Access,
+            _signaled: bool,
+        ) -> Result<Grant, ProviderError> {
+            Err(ProviderError::Unsupported("mock"))
+        }
+        fn revoke(
+            &mut self,
+            _wr_id: u64,
+            _rkey: u32,
+            _signaled: bool,
+        ) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        fn disconnect(&mut self) {
+            self.broken = true;
+        }
+    }
+
+    struct Rig {
+        ep: Endpoint<MockQp>,
+        alloc: SliceAllocator,
+        pool: BufferPool,
+        baseline: Vec<u32>,
+    }
+
+    fn rig(ord: u32) -> Rig {
+        let pool = PoolConfig::new(4 << 20, 1)
+            .class(SizeClass::new("receive", 8192).per_slice(8))
+            .class(SizeClass::new("send", 1364).per_slice(8))
+            .class(SizeClass::new("rdma", 64 << 10).per_slice(8))
+            .hugepages(HugepagePolicy::Disable)
+            .mlock(false)
+            .build()
+            .unwrap();
+        let mr = MemoryRegion {
+            addr: pool.region_base().as_ptr() as u64,
+            len: pool.region_len() as u64,
+            lkey: 7,
+        };
+        let conn = Connection::new_passive(SmbdConfig::default(), Instant::ZERO);
+        let mut ep = Endpoint::new(MockQp::new(ord), conn, pool.clone(), mr);
+        ep.set_send_depth(64);
+        ep.enable_rdma(8);
+        let alloc = pool.claim_slice(0).unwrap();
+        let baseline = free_counts(&pool);
+        Rig {
+            ep,
+            alloc,
+            pool,
+            baseline,
+        }
+    }
+
+    fn free_counts(pool: &BufferPool) -> Vec<u32> {
+        (0..pool.class_count())
+            .map(|c| pool.class_stats(0, ClassId(c as u8)).unwrap().free)
+            .collect()
+    }
+
+    /// Descriptors of `n` peer ranges of `each` bytes, 100 bytes apart.
+    fn descs(base: u64, n: usize, each: u32, token: u32) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| {
+                BufferDescriptorRepr {
+                    offset: base + i as u64 * (u64::from(each) + 100),
+                    token,
+                    length: each,
+                }
+                .to_bytes()
+            })
+            .collect()
+    }
+
+    /// Runs `f` with a `Replies` on the rig, then commits (Ok) or aborts.
+    fn with_replies<R>(
+        r: &mut Rig,
+        completing: Option<usize>,
+        f: impl FnOnce(&mut Replies<'_>) -> Result<R, RdmaError>,
+    ) -> Result<R, RdmaError> {
+        let mut queued: [QueuedReply; 2] = [(BufId::from_bits(0), 0, None); 2];
+        let mut out = Replies {
+            alloc: &mut r.alloc,
+            pool: &r.pool,
+            queued: &mut queued,
+            count: 0,
+            rdma: r.ep.rdma.as_mut(),
+            max_read_write: 1 << 20,
+            completing,
+        };
+        let res = f(&mut out);
+        let rdma = r.ep.rdma.as_mut().unwrap();
+        match res {
+            Ok(_) => rdma.commit(&mut r.alloc, completing),
+            Err(_) => rdma.abort(&mut r.alloc, completing),
+        }
+        res
+    }
+
+    #[test]
+    fn rdma_reads_beyond_ord_wait_and_writes_pass_them() {
+        let mut r = rig(2);
+        // A: 5 segments, B: 1 segment (both reads); C: a 3-segment write.
+        let a = with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(0, 5, 1000, 1), 0, 5000, b"A")
+        })
+        .unwrap();
+        let b = with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(9000, 1, 700, 2), 0, 700, b"B")
+        })
+        .unwrap();
+        let c = with_replies(&mut r, None, |o| {
+            o.rdma_write(&descs(20_000, 3, 100, 3), 0, 300, b"C", |b| b.fill(0xee))
+        })
+        .unwrap();
+        assert!(a < b && b < c);
+        r.ep.post_rdma().unwrap();
+        // Two reads of A (ORD 2) in one chain; B waits; C's write passes.
+        assert_eq!(r.ep.qp().chains, vec![2, 3]);
+        assert_eq!(r.ep.qp().reads_outstanding, 2);
+        assert_eq!(r.ep.rdma().unwrap().reads_in_flight(), 2);
+        let mut done = Vec::new();
+        let mut steps = 0;
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+            r.ep.post_rdma().unwrap();
+            assert!(r.ep.qp().reads_outstanding <= 2, "reads posted beyond ORD");
+            while let Some(d) = r.ep.rdma().unwrap().peek_done() {
+                // SAFETY: the op is done; nothing writes its buffer.
+                let data = unsafe { r.pool.bytes(d.data) }.unwrap()[..d.len as usize].to_vec();
+                done.push((d.ticket, d.kind, data));
+                with_replies(&mut r, Some(d.slot), |_| Ok(())).unwrap();
+            }
+            steps += 1;
+            assert!(steps < 100);
+        }
+        assert_eq!(r.ep.qp().max_reads_outstanding, 2);
+        assert!(r.ep.rdma().unwrap().stats().ord_waits > 0);
+        assert_eq!(r.ep.rdma().unwrap().stats().max_reads_in_flight, 2);
+        // Every chain of reads had at most ORD requests.
+        let order: Vec<Ticket> = done.iter().map(|d| d.0).collect();
+        assert_eq!(order, vec![c, a, b], "the write finished before the reads");
+        // A's bytes are the peer's five ranges, back to back.
+        let peer = &r.ep.qp().peer;
+        let want_a: Vec<u8> = (0..5)
+            .flat_map(|i| peer[i * 1100..i * 1100 + 1000].to_vec())
+            .collect();
+        assert_eq!(done[1].2, want_a);
+        assert_eq!(done[2].2, peer[9000..9700].to_vec());
+        for i in 0..3 {
+            let at = 20_000 + i * 200;
+            assert!(peer[at..at + 100].iter().all(|&x| x == 0xee));
+        }
+        assert_eq!(r.ep.outstanding(), 0);
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        assert_eq!(free_counts(&r.pool), r.baseline, "every buffer returned");
+    }
+
+    #[test]
+    fn read_then_write_back_moves_the_same_bytes_without_a_copy() {
+        let mut r = rig(16);
+        with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(100, 2, 3000, 1), 1000, 4000, b"ctx")
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        let wc = r.ep.qp_mut().next_completion().unwrap();
+        r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+            .unwrap();
+        let d = r.ep.rdma().unwrap().peek_done().unwrap();
+        // SAFETY: the op is done; nothing writes its aux buffer.
+        let ctx = unsafe { r.pool.bytes(d.aux) }.unwrap()
+            [d.descs_len as usize..(d.descs_len + d.ctx_len) as usize]
+            .to_vec();
+        assert_eq!(ctx, b"ctx");
+        // Backpressure after staging the write-back undoes it...
+        let before = free_counts(&r.pool);
+        let e = with_replies(&mut r, Some(d.slot), |o| {
+            o.rdma_write_back(&descs(200_000, 4, 1000, 2), 0, b"w")?;
+            Err::<(), _>(RdmaError::Backpressure(Backpressure::SendQueueFull))
+        });
+        assert!(e.is_err());
+        assert_eq!(free_counts(&r.pool), before);
+        // ...and the retry continues the same buffer as a write.
+        with_replies(&mut r, Some(d.slot), |o| {
+            o.rdma_write_back(&descs(200_000, 4, 1000, 2), 0, b"w")
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        let wc = r.ep.qp_mut().next_completion().unwrap();
+        r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+            .unwrap();
+        let w = r.ep.rdma().unwrap().peek_done().unwrap();
+        assert_eq!((w.kind, w.data, w.len), (RdmaKind::Write, d.data, 4000));
+        with_replies(&mut r, Some(w.slot), |_| Ok(())).unwrap();
+        // The peer's bytes 1000..5000 of the first buffer (split over two
+        // descriptors 3100 apart) landed in four 1000-byte ranges.
+        let peer = r.ep.qp().peer.clone();
+        let src: Vec<u8> = peer[1100..3100]
+            .iter()
+            .chain(&peer[3200..5200])
+            .copied()
+            .collect();
+        let dst: Vec<u8> = (0..4)
+            .flat_map(|i| peer[200_000 + i * 1100..200_000 + i * 1100 + 1000].to_vec())
+            .collect();
+        assert_eq!(src, dst);
+        assert_eq!(free_counts(&r.pool), r.baseline);
+    }
+
+    #[test]
+    fn malformed_descriptors_are_refused_as_values_and_cost_nothing() {
+        let mut r = rig(16);
+        let read = |r: &mut Rig, d: &[u8], off: u64, len: u32| {
+            with_replies(r, None, |o| o.rdma_read(d, off, len, b"")).unwrap_err()
+        };
+        assert!(matches!(
+            read(&mut r, &[0; 15], 0, 1),
+            RdmaError::Malformed(_)
+        ));
+        assert!(matches!(
+            read(&mut r, &[0; 24], 0, 1),
+            RdmaError::Malformed(_)
+        ));
+        assert_eq!(
+            read(&mut r, &descs(0, 1, 0, 1), 0, 1),
+            RdmaError::Descriptors(SliceError::ZeroLengthDescriptor { index: 0 })
+        );
+        assert_eq!(
+            read(&mut r, &descs(0, 2, 10, 1), 15, 6),
+            RdmaError::Descriptors(SliceError::OutOfRange { end: 21, total: 20 })
+        );
+        assert_eq!(
+            read(&mut r, &descs(0, 1, 10, 1), 0, 0),
+            RdmaError::Descriptors(SliceError::ZeroLength)
+        );
+        assert_eq!(
+            read(&mut r, &descs(0, 1, u32::MAX, 1), 0, (1 << 20) + 1),
+            RdmaError::TooLarge {
+                len: (1 << 20) + 1,
+                max: 1 << 20
+            }
+        );
+        // Larger than any pool buffer (64 KiB here).
+        assert!(matches!(
+            read(&mut r, &descs(0, 1, 1 << 20, 1), 0, 1 << 20),
+            RdmaError::TooLarge { .. }
+        ));
+        r.ep.post_rdma().unwrap();
+        assert!(r.ep.qp().chains.is_empty());
+        assert_eq!(free_counts(&r.pool), r.baseline);
+    }
+
+    #[test]
+    fn a_full_table_is_backpressure_not_an_error() {
+        let mut r = rig(16);
+        for _ in 0..8 {
+            with_replies(&mut r, None, |o| {
+                o.rdma_read(&descs(0, 1, 10, 1), 0, 10, b"")
+            })
+            .unwrap();
+        }
+        let e = with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(0, 1, 10, 1), 0, 10, b"")
+        });
+        assert_eq!(e, Err(RdmaError::Backpressure(Backpressure::RdmaBusy)));
+    }
+
+    #[test]
+    fn a_failed_rdma_read_fails_the_connection_and_every_buffer_comes_back() {
+        let mut r = rig(16);
+        let mut d = descs(0, 3, 1000, 1);
+        d[16 + 8..16 + 12].copy_from_slice(&0xdeadu32.to_le_bytes()); // 2nd token bad
+        with_replies(&mut r, None, |o| o.rdma_read(&d, 0, 3000, b"")).unwrap();
+        with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(0, 1, 10, 1), 0, 10, b"")
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        assert_eq!(r.ep.outstanding(), 4);
+        let mut errors = Vec::new();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            if let Err(e) = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc) {
+                errors.push(e);
+            }
+        }
+        // The bad token's request fails; the rest of the chain and the next
+        // op are flushed. The first error is the one the connection keeps.
+        assert_eq!(
+            errors[0],
+            EndpointError::Provider(WcStatus::RemoteAccessError)
+        );
+        assert_eq!(
+            r.ep.failure(),
+            Some(EndpointError::Provider(WcStatus::RemoteAccessError))
+        );
+        assert!(r.ep.rdma().unwrap().peek_done().is_none());
+        assert_eq!(r.ep.outstanding(), 0);
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        assert_eq!(free_counts(&r.pool), r.baseline);
+        assert!(
+            r.ep.post_rdma().is_err(),
+            "nothing is posted after a failure"
+        );
     }
 }

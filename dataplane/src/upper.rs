@@ -1,10 +1,74 @@
 //! The upper layer a worker hands reassembled messages to ([MS-SMBD] 3.1.5.8
-//! "passed to the upper layer"). `echo` returns every message to its sender
-//! (the transport benchmark server, like perftest's); the SMB2 layer comes
-//! with the SMB2+QoS issue.
+//! "passed to the upper layer"), and what it may ask of the worker in
+//! return: replies (optionally with Send with Invalidate, [MS-SMBD] 3.1.5.1)
+//! and RDMA Reads and Writes against the peer's Buffer Descriptor V1 arrays
+//! ([MS-SMBD] 3.1.4.5, 3.1.4.6), which complete asynchronously through
+//! [`UpperLayer::on_rdma_complete`]. `echo` returns every message to its
+//! sender (the transport benchmark server, like perftest's) and serves the
+//! RDMA echo request below; the SMB2 layer comes with the SMB2+QoS issue.
+//!
+//! # RDMA requests
+//!
+//! An upper layer handling a message (or a completed RDMA operation) calls
+//! [`Replies::rdma_read`] / [`Replies::rdma_write`] with the peer's
+//! descriptors *as they appeared on the wire* (a whole number of 16-byte
+//! SMB_DIRECT_BUFFER_DESCRIPTOR_V1 structures), an offset into the buffer
+//! they describe, a length, and up to a few hundred bytes of `context` of
+//! its own (what it needs to build the reply later: an SMB2 message id, the
+//! descriptors of a second transfer, ...). The worker copies descriptors and
+//! context into pool memory, so the message may be released at once; the
+//! data lives in one pool buffer of the smallest class that holds it. The
+//! request is validated before anything is allocated: a malformed array or
+//! an impossible range comes back at once as an [`RdmaError`] (the SMB2
+//! layer answers STATUS_INVALID_PARAMETER), never as a panic.
+//!
+//! When every work request of the operation has completed successfully the
+//! worker calls [`UpperLayer::on_rdma_complete`] with the data (read from
+//! the peer, or written to it) and the context, and a [`Replies`] to answer
+//! with. A failed RDMA operation (bad token, revoked grant, out of range at
+//! the peer: `RemoteAccessError`) breaks the queue pair, as it does on
+//! hardware: the connection is terminated and logged, its pending tickets
+//! are dropped without a callback, and [`UpperLayer::on_close`] is the
+//! upper layer's cue to forget them.
+//!
+//! Ordering ([MS-SMBD] 1.5): an RDMA Write's data is visible at the peer
+//! before a later Send on the same queue pair completes there. The worker
+//! goes further and only calls `on_rdma_complete` (where the reply is
+//! queued) once the Write has completed locally, so the reply is posted
+//! after the data is placed and errors are known before a success reply
+//! could leave.
+//!
+//! # The RDMA echo request (tests and benchmarks through `serve --upper echo`)
+//!
+//! All integers little-endian:
+//!
+//! | offset | size   | field                                                    |
+//! |--------|--------|----------------------------------------------------------|
+//! | 0      | 8      | magic `b"RDMAECHO"`                                      |
+//! | 8      | 4      | Length: bytes to move                                    |
+//! | 12     | 4      | R: number of read descriptors                            |
+//! | 16     | 4      | W: number of write descriptors                           |
+//! | 20     | 4      | Flags: bit 0 = reply with Send with Invalidate           |
+//! | 24     | 16 × R | read descriptors (Buffer Descriptor V1, peer memory granted RemoteRead) |
+//! | …      | 16 × W | write descriptors (granted RemoteWrite)                  |
+//!
+//! The server RDMA-reads Length bytes from offset 0 of the buffer the read
+//! descriptors describe, RDMA-writes the same bytes (zero-copy: the same
+//! pool buffer) to offset 0 of the write descriptors' buffer, then replies
+//! `b"RDMADONE"`, u32 NTSTATUS, u32 Length (16 bytes); with flag bit 0 the
+//! reply is a Send with Invalidate of the first write descriptor's Token. A
+//! request whose descriptors or length are unusable is answered at once with
+//! STATUS_INVALID_PARAMETER and Length 0. Every other message is echoed.
 
+use crate::endpoint::RdmaOps;
 use crate::planes::ConnId;
 use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
+use smbdirect_protocol::ntstatus::{
+    NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
+};
+use smbdirect_protocol::smbd::rdma_slice::{self, SliceError};
+use smbdirect_protocol::smbd::wire::BufferDescriptorArray;
+use smbdirect_protocol::WireError;
 
 /// Why a reply could not be queued now. The worker keeps the message and
 /// calls the upper layer again later; nothing is dropped.
@@ -16,21 +80,141 @@ pub enum Backpressure {
     SendQueueFull,
     /// The reply is larger than the peer can reassemble.
     TooLarge,
+    /// The connection already has its maximum of RDMA operations requested
+    /// and not yet finished.
+    RdmaBusy,
 }
 
-/// Where an upper layer writes its replies: pool buffers, queued on the
-/// connection the message came from.
+/// Names one RDMA operation of one connection (unique for the connection's
+/// life), returned by the request and passed back on completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+/// The direction of an RDMA operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaKind {
+    /// RDMA Read from the peer's buffer ([MS-SMBD] 3.1.4.6).
+    Read,
+    /// RDMA Write to the peer's buffer ([MS-SMBD] 3.1.4.5).
+    Write,
+}
+
+/// Why an RDMA request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaError {
+    /// Not now: return it from the handler and the worker calls again later.
+    Backpressure(Backpressure),
+    /// The descriptor bytes are not a non-empty whole number of 16-byte
+    /// Buffer Descriptor V1 structures ([MS-SMBD] 2.2.3.1).
+    Malformed(WireError),
+    /// [MS-SMBD] 3.1.4.5/3.1.4.6 slicing refused the request: zero length,
+    /// a zero-length or wrapping descriptor, a range past the buffer.
+    Descriptors(SliceError),
+    /// The transfer is longer than Connection.MaxReadWriteSize or than the
+    /// largest pool buffer, or the descriptors plus context do not fit one.
+    TooLarge {
+        /// Bytes requested.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// `rdma_write_back` outside the completion of an RDMA Read, or RDMA on
+    /// a connection without RDMA state.
+    NotAvailable,
+}
+
+impl RdmaError {
+    /// The NTSTATUS an SMB2 server answers a refused request with:
+    /// STATUS_INVALID_PARAMETER for a request that can never work (for
+    /// backpressure the answer is to retry later, not to reply).
+    pub fn status(&self) -> NtStatus {
+        match self {
+            RdmaError::Backpressure(_) => STATUS_INSUFFICIENT_RESOURCES,
+            _ => STATUS_INVALID_PARAMETER,
+        }
+    }
+}
+
+impl core::fmt::Display for RdmaError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RdmaError::Backpressure(b) => write!(f, "busy: {b:?}"),
+            RdmaError::Malformed(e) => write!(f, "buffer descriptors: {e}"),
+            RdmaError::Descriptors(e) => write!(f, "buffer descriptors: {e}"),
+            RdmaError::TooLarge { len, max } => {
+                write!(f, "RDMA transfer of {len} bytes exceeds the limit of {max}")
+            }
+            RdmaError::NotAvailable => f.write_str("no RDMA operation to continue here"),
+        }
+    }
+}
+
+impl std::error::Error for RdmaError {}
+
+impl From<Backpressure> for RdmaError {
+    fn from(b: Backpressure) -> Self {
+        RdmaError::Backpressure(b)
+    }
+}
+
+/// A finished RDMA operation, as [`UpperLayer::on_rdma_complete`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaDone<'a> {
+    /// The request's ticket.
+    pub ticket: Ticket,
+    /// Read or Write.
+    pub kind: RdmaKind,
+    /// The bytes read from the peer (Read) or written to it (Write).
+    pub data: &'a [u8],
+    /// The context passed with the request.
+    pub context: &'a [u8],
+}
+
+/// A reply queued by the upper layer: pool buffer, length, and the peer
+/// token to invalidate with it.
+pub(crate) type QueuedReply = (BufId, u32, Option<u32>);
+
+/// Where an upper layer writes its replies (pool buffers, queued on the
+/// connection the message came from) and requests RDMA operations.
 #[derive(Debug)]
 pub struct Replies<'a> {
     pub(crate) alloc: &'a mut SliceAllocator,
     pub(crate) pool: &'a BufferPool,
-    pub(crate) queued: &'a mut [(BufId, u32)],
+    pub(crate) queued: &'a mut [QueuedReply],
     pub(crate) count: usize,
+    /// The connection's RDMA state (None: no RDMA on this connection).
+    pub(crate) rdma: Option<&'a mut RdmaOps>,
+    /// Connection.MaxReadWriteSize ([MS-SMBD] 3.1.4.7).
+    pub(crate) max_read_write: u32,
+    /// Inside `on_rdma_complete`: the op being completed.
+    pub(crate) completing: Option<usize>,
 }
 
 impl Replies<'_> {
     /// Queues a reply of `len` bytes written by `fill`.
     pub fn reply(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), Backpressure> {
+        self.queue(len, None, fill)
+    }
+
+    /// Queues a reply sent as Send with Invalidate of the peer's `token`
+    /// ([MS-SMBD] 3.1.5.1; SMB2_CHANNEL_RDMA_V1_INVALIDATE): the peer's
+    /// grant is dead once the reply arrives. On a fragmented reply the last
+    /// fragment carries the invalidate.
+    pub fn reply_with_invalidate(
+        &mut self,
+        len: usize,
+        token: u32,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), Backpressure> {
+        self.queue(len, Some(token), fill)
+    }
+
+    fn queue(
+        &mut self,
+        len: usize,
+        invalidate: Option<u32>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), Backpressure> {
         if self.count == self.queued.len() {
             return Err(Backpressure::SendQueueFull);
         }
@@ -46,9 +230,84 @@ impl Replies<'_> {
                 return Err(Backpressure::TooLarge);
             }
         }
-        self.queued[self.count] = (id, len as u32);
+        self.queued[self.count] = (id, len as u32, invalidate);
         self.count += 1;
         Ok(())
+    }
+
+    /// [MS-SMBD] 3.1.4.6: RDMA-reads `len` bytes starting `offset` bytes
+    /// into the peer buffer described by `descs` (Buffer Descriptor V1
+    /// structures as on the wire). Completes through
+    /// [`UpperLayer::on_rdma_complete`] with the bytes and `context`.
+    /// Takes effect only if the handler returns `Ok`.
+    pub fn rdma_read(
+        &mut self,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        context: &[u8],
+    ) -> Result<Ticket, RdmaError> {
+        let max = self.max_read_write;
+        let rdma = self.rdma.as_deref_mut().ok_or(RdmaError::NotAvailable)?;
+        rdma.stage(
+            self.alloc,
+            self.pool,
+            RdmaKind::Read,
+            descs,
+            offset,
+            len,
+            max,
+            context,
+            |_| {},
+        )
+    }
+
+    /// [MS-SMBD] 3.1.4.5: RDMA-writes `len` bytes, produced by `fill`, to
+    /// the peer buffer described by `descs`, starting `offset` bytes into
+    /// it. Completes through [`UpperLayer::on_rdma_complete`]. Takes effect
+    /// only if the handler returns `Ok`.
+    pub fn rdma_write(
+        &mut self,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        context: &[u8],
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Ticket, RdmaError> {
+        let max = self.max_read_write;
+        let rdma = self.rdma.as_deref_mut().ok_or(RdmaError::NotAvailable)?;
+        rdma.stage(
+            self.alloc,
+            self.pool,
+            RdmaKind::Write,
+            descs,
+            offset,
+            len,
+            max,
+            context,
+            fill,
+        )
+    }
+
+    /// Inside [`UpperLayer::on_rdma_complete`] of an RDMA Read: RDMA-writes
+    /// the bytes just read, without copying them (the pool buffer moves to
+    /// the Write), to the buffer `descs` describe at `offset`. The Read's
+    /// data and context stay readable for the rest of the callback. Takes
+    /// effect only if the handler returns `Ok`.
+    pub fn rdma_write_back(
+        &mut self,
+        descs: &[u8],
+        offset: u64,
+        context: &[u8],
+    ) -> Result<Ticket, RdmaError> {
+        let slot = self.completing.ok_or(RdmaError::NotAvailable)?;
+        let rdma = self.rdma.as_deref_mut().ok_or(RdmaError::NotAvailable)?;
+        rdma.stage_write_back(self.alloc, self.pool, slot, descs, offset, context)
+    }
+
+    /// Connection.MaxReadWriteSize: the largest RDMA transfer allowed.
+    pub fn max_read_write_size(&self) -> u32 {
+        self.max_read_write
     }
 }
 
@@ -59,7 +318,8 @@ pub trait UpperLayer: Send + 'static {
 
     /// Handles one complete message from `conn`. On `Err` the worker keeps
     /// the message and calls again later with the same bytes, so the
-    /// handler must not have acted on it.
+    /// handler must not have acted on it (replies and RDMA requests made
+    /// through `out` are undone).
     fn on_message(
         &mut self,
         conn: ConnId,
@@ -67,13 +327,130 @@ pub trait UpperLayer: Send + 'static {
         out: &mut Replies<'_>,
     ) -> Result<(), Backpressure>;
 
-    /// The connection closed.
+    /// An RDMA operation requested through [`Replies`] finished
+    /// successfully. Same retry rule as [`UpperLayer::on_message`]: on `Err`
+    /// nothing done through `out` takes effect and the worker calls again
+    /// later with the same completion.
+    fn on_rdma_complete(
+        &mut self,
+        _conn: ConnId,
+        _done: &RdmaDone<'_>,
+        _out: &mut Replies<'_>,
+    ) -> Result<(), Backpressure> {
+        Ok(())
+    }
+
+    /// The connection closed (RDMA operations still pending are dropped).
     fn on_close(&mut self, _conn: ConnId) {}
 }
 
-/// Returns every message to its sender.
+/// Magic of the RDMA echo request (see the module documentation).
+pub const RDMA_ECHO_MAGIC: &[u8; 8] = b"RDMAECHO";
+/// Magic of the RDMA echo reply.
+pub const RDMA_DONE_MAGIC: &[u8; 8] = b"RDMADONE";
+/// RDMA echo request header length (before the descriptors).
+pub const RDMA_ECHO_HEADER_LEN: usize = 24;
+/// RDMA echo reply length.
+pub const RDMA_DONE_LEN: usize = 16;
+/// RDMA echo flag: reply with Send with Invalidate of the first write
+/// descriptor's token.
+pub const RDMA_ECHO_INVALIDATE: u32 = 1;
+
+/// Encodes an RDMA echo request (for clients and tests).
+pub fn rdma_echo_request(len: u32, read: &[[u8; 16]], write: &[[u8; 16]], flags: u32) -> Vec<u8> {
+    let mut m = Vec::with_capacity(RDMA_ECHO_HEADER_LEN + 16 * (read.len() + write.len()));
+    m.extend_from_slice(RDMA_ECHO_MAGIC);
+    m.extend_from_slice(&len.to_le_bytes());
+    m.extend_from_slice(&(read.len() as u32).to_le_bytes());
+    m.extend_from_slice(&(write.len() as u32).to_le_bytes());
+    m.extend_from_slice(&flags.to_le_bytes());
+    for d in read.iter().chain(write) {
+        m.extend_from_slice(d);
+    }
+    m
+}
+
+/// Decodes an RDMA echo reply: (status, length).
+pub fn parse_rdma_done(msg: &[u8]) -> Option<(NtStatus, u32)> {
+    if msg.len() != RDMA_DONE_LEN || &msg[..8] != RDMA_DONE_MAGIC {
+        return None;
+    }
+    Some((NtStatus(le32(msg, 8)?), le32(msg, 12)?))
+}
+
+fn le32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// A parsed RDMA echo request, borrowing the message.
+struct RdmaEcho<'a> {
+    len: u32,
+    flags: u32,
+    read: &'a [u8],
+    write: &'a [u8],
+}
+
+impl<'a> RdmaEcho<'a> {
+    /// `None`: not an RDMA echo request; `Some(Err)`: one, malformed.
+    fn parse(msg: &'a [u8]) -> Option<Result<Self, ()>> {
+        if msg.len() < 8 || &msg[..8] != RDMA_ECHO_MAGIC {
+            return None;
+        }
+        let hdr = || -> Option<(u32, u32, u32, u32)> {
+            Some((
+                le32(msg, 8)?,
+                le32(msg, 12)?,
+                le32(msg, 16)?,
+                le32(msg, 20)?,
+            ))
+        };
+        let Some((len, r, w, flags)) = hdr() else {
+            return Some(Err(()));
+        };
+        let r = r as usize * 16;
+        let w = w as usize * 16;
+        let end = RDMA_ECHO_HEADER_LEN
+            .checked_add(r)
+            .and_then(|x| x.checked_add(w));
+        match end {
+            Some(end) if end == msg.len() => Some(Ok(RdmaEcho {
+                len,
+                flags,
+                read: &msg[RDMA_ECHO_HEADER_LEN..RDMA_ECHO_HEADER_LEN + r],
+                write: &msg[RDMA_ECHO_HEADER_LEN + r..end],
+            })),
+            _ => Some(Err(())),
+        }
+    }
+}
+
+/// Returns every message to its sender, and serves the RDMA echo request
+/// (module documentation). Stateless: what a pending RDMA echo needs later
+/// travels in the operations' context.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Echo;
+
+/// Context of an RDMA echo's Read: flags, then the write descriptors.
+const ECHO_READ_CTX_FLAGS: usize = 4;
+/// Context of an RDMA echo's Write: flags, first write token.
+const ECHO_WRITE_CTX_LEN: usize = 8;
+
+fn rdma_done(
+    out: &mut Replies<'_>,
+    status: NtStatus,
+    len: u32,
+    invalidate: Option<u32>,
+) -> Result<(), Backpressure> {
+    let fill = |b: &mut [u8]| {
+        b[..8].copy_from_slice(RDMA_DONE_MAGIC);
+        b[8..12].copy_from_slice(&status.0.to_le_bytes());
+        b[12..16].copy_from_slice(&len.to_le_bytes());
+    };
+    match invalidate {
+        Some(t) => out.reply_with_invalidate(RDMA_DONE_LEN, t, fill),
+        None => out.reply(RDMA_DONE_LEN, fill),
+    }
+}
 
 impl UpperLayer for Echo {
     fn name(&self) -> &'static str {
@@ -86,6 +463,60 @@ impl UpperLayer for Echo {
         msg: &[u8],
         out: &mut Replies<'_>,
     ) -> Result<(), Backpressure> {
-        out.reply(msg.len(), |b| b.copy_from_slice(msg))
+        let req = match RdmaEcho::parse(msg) {
+            None => return out.reply(msg.len(), |b| b.copy_from_slice(msg)),
+            Some(Err(())) => return rdma_done(out, STATUS_INVALID_PARAMETER, 0, None),
+            Some(Ok(r)) => r,
+        };
+        // The write side is checked now too, so a bad request costs no Read.
+        let write_ok = BufferDescriptorArray::new_checked(req.write)
+            .ok()
+            .is_some_and(|a| rdma_slice::slice(&a, 0, u64::from(req.len)).is_ok());
+        if !write_ok || req.len > out.max_read_write_size() {
+            return rdma_done(out, STATUS_INVALID_PARAMETER, 0, None);
+        }
+        // The Read's context: what the Write needs once the data is here
+        // (up to 511 write descriptors; more are refused).
+        let mut ctx = [0u8; 8192];
+        let ctx_len = ECHO_READ_CTX_FLAGS + req.write.len();
+        if ctx_len > ctx.len() {
+            return rdma_done(out, STATUS_INVALID_PARAMETER, 0, None);
+        }
+        ctx[..4].copy_from_slice(&req.flags.to_le_bytes());
+        ctx[4..ctx_len].copy_from_slice(req.write);
+        match out.rdma_read(req.read, 0, req.len, &ctx[..ctx_len]) {
+            Ok(_) => Ok(()),
+            Err(RdmaError::Backpressure(b)) => Err(b),
+            Err(_) => rdma_done(out, STATUS_INVALID_PARAMETER, 0, None),
+        }
+    }
+
+    fn on_rdma_complete(
+        &mut self,
+        _conn: ConnId,
+        done: &RdmaDone<'_>,
+        out: &mut Replies<'_>,
+    ) -> Result<(), Backpressure> {
+        let flags = le32(done.context, 0).unwrap_or(0);
+        match done.kind {
+            RdmaKind::Read => {
+                let write = done.context.get(ECHO_READ_CTX_FLAGS..).unwrap_or(&[]);
+                let first_token = le32(write, 8).unwrap_or(0);
+                let mut ctx = [0u8; ECHO_WRITE_CTX_LEN];
+                ctx[..4].copy_from_slice(&flags.to_le_bytes());
+                ctx[4..].copy_from_slice(&first_token.to_le_bytes());
+                match out.rdma_write_back(write, 0, &ctx) {
+                    Ok(_) => Ok(()),
+                    Err(RdmaError::Backpressure(b)) => Err(b),
+                    Err(_) => rdma_done(out, STATUS_INVALID_PARAMETER, 0, None),
+                }
+            }
+            RdmaKind::Write => {
+                let invalidate = (flags & RDMA_ECHO_INVALIDATE != 0)
+                    .then(|| le32(done.context, 4))
+                    .flatten();
+                rdma_done(out, STATUS_SUCCESS, done.data.len() as u32, invalidate)
+            }
+        }
     }
 }

@@ -6,19 +6,27 @@
 //! Nothing on this path locks, blocks or allocates once connections are
 //! attached; what other threads read (stats) is published through atomics.
 //!
+//! RDMA for the upper layer: each connection gets a fixed table of RDMA
+//! operations when it is attached ([`crate::endpoint::RdmaOps`]); the upper
+//! layer requests Reads and Writes through [`Replies`], the endpoint posts
+//! them (bounded by ORD and the send queue) whenever the connection is
+//! flushed, and finished ones go back to the upper layer
+//! ([`UpperLayer::on_rdma_complete`]) before any newer message, so it can
+//! reply. A failed RDMA operation fails its connection only.
+//!
 //! Idle policy: busy-poll, and only after `idle_park` without work park in
 //! short naps (so several processes can share a couple of cores in tests);
 //! any completion or ring message returns it to busy-polling at once.
 
 use crate::capture::{CaptureConn, CaptureHandle};
-use crate::endpoint::{Delivery, Endpoint, EndpointError, Event};
+use crate::endpoint::{Delivery, Endpoint, EndpointError, Event, RDMA_OPS_PER_CONNECTION};
 use crate::planes::{
     CloseReason, ConnId, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
 };
 use crate::provider::{
     Completion, CompletionQueue, MemoryRegion, Provider, QpId, QueuePair, WcStatus,
 };
-use crate::upper::{Backpressure, Replies, UpperLayer};
+use crate::upper::{Backpressure, QueuedReply, RdmaDone, Replies, UpperLayer};
 use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
 use smbdirect_protocol::smbd::{Connection, SmbdConfig, TerminateReason};
 use smbdirect_protocol::time::Instant as PInstant;
@@ -84,6 +92,8 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// moment the accept completes). Retried after the ring is drained.
     orphans: VecDeque<Completion>,
     capture: Option<Arc<CaptureHandle>>,
+    /// RDMA operations per connection (table size, allocated at attach).
+    rdma_ops: usize,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -118,6 +128,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             pending_out: VecDeque::with_capacity(cfg.max_connections * 4 + 16),
             orphans: VecDeque::with_capacity(cfg.max_connections * 2 + 16),
             capture: None,
+            rdma_ops: RDMA_OPS_PER_CONNECTION,
             cfg,
             cq,
             alloc,
@@ -137,6 +148,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     /// Records every message of every connection into `capture`.
     pub fn with_capture(mut self, capture: Option<Arc<CaptureHandle>>) -> Self {
         self.capture = capture;
+        self
+    }
+
+    /// Sizes each connection's table of RDMA operations (default
+    /// [`RDMA_OPS_PER_CONNECTION`]); more requests wait as backpressure.
+    pub fn with_rdma_ops_per_connection(mut self, n: usize) -> Self {
+        self.rdma_ops = n.max(1);
         self
     }
 
@@ -308,6 +326,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let mut ep = Endpoint::new(qp, c, self.pool.clone(), self.mr);
         ep.defer_negotiation(true);
         ep.set_send_depth(self.cfg.send_depth);
+        ep.enable_rdma(self.rdma_ops);
         if let Some(h) = &self.capture {
             // The peer's QP number is not exposed by every provider: a
             // stable synthetic one keeps the two directions distinct.
@@ -324,6 +343,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             closing = Some(CloseReason::Protocol(TerminateReason::NoReceiveCredits));
         }
         let deferred = VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2);
+        // The 5 s Negotiation Timer runs from arrival ([MS-SMBD] 3.1.7.2),
+        // whether or not the peer ever sends anything.
+        let next_timer = ep.connection().poll_timeout();
         self.slots[i] = Some(Slot {
             conn,
             ep,
@@ -331,7 +353,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             dirty: false,
             closing,
             reported_established: false,
-            next_timer: None,
+            next_timer,
         });
         self.by_qp.insert(qp_id, i);
         WorkerStats::add(&self.stats.connections, 1);
@@ -383,47 +405,91 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 continue;
             };
             if slot.closing.is_none() {
-                // Hand waiting messages to the upper layer, oldest first.
-                while let Some(d) = slot.deferred.front() {
+                // Finished RDMA operations first: they belong to requests
+                // older than any message still waiting.
+                while let Some(op) = slot.ep.rdma().and_then(|r| r.peek_done()) {
                     let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
-                    let mut queued = [(BufId::from_bits(0), 0u32); MAX_REPLIES];
+                    let mut queued = [(BufId::from_bits(0), 0u32, None); MAX_REPLIES];
+                    let max_read_write = slot.ep.connection().params().max_read_write_size;
+                    // SAFETY: the op is done: no work request of it is in
+                    // flight and nothing writes its buffers until the
+                    // handler returns (a write-back posts after commit).
+                    let data = unsafe { self.pool.bytes(op.data) }
+                        .and_then(|b| b.get(..op.len as usize))
+                        .unwrap_or(&[]);
+                    // SAFETY: as above; the aux buffer is never posted.
+                    let context = unsafe { self.pool.bytes(op.aux) }
+                        .and_then(|b| {
+                            b.get(op.descs_len as usize..(op.descs_len + op.ctx_len) as usize)
+                        })
+                        .unwrap_or(&[]);
+                    let done = RdmaDone {
+                        ticket: op.ticket,
+                        kind: op.kind,
+                        data,
+                        context,
+                    };
                     let mut out = Replies {
                         alloc: &mut self.alloc,
                         pool: &self.pool,
                         queued: &mut queued[..space],
                         count: 0,
+                        rdma: slot.ep.rdma_mut(),
+                        max_read_write,
+                        completing: Some(op.slot),
                     };
-                    let r = self
-                        .upper
-                        .on_message(slot.conn, slot.ep.message(d), &mut out);
+                    let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
                     let count = out.count;
-                    match r {
-                        Ok(()) => {
-                            for &(buf, len) in &queued[..count] {
-                                if slot.ep.send(buf, len).is_err() {
-                                    let _ = self.alloc.free(buf);
-                                } else {
-                                    WorkerStats::add(&self.stats.messages_out, 1);
-                                    WorkerStats::add(&self.stats.bytes_out, len as u64);
-                                }
-                            }
-                            let d = slot.deferred.pop_front().expect("front exists");
-                            slot.ep.release(d, &mut self.alloc);
-                            slot.dirty = true;
-                            any = true;
-                        }
-                        Err(bp) => {
-                            for &(buf, _) in &queued[..count] {
-                                let _ = self.alloc.free(buf);
-                            }
-                            if bp == Backpressure::TooLarge {
-                                slot.closing = Some(CloseReason::Capacity);
-                            } else {
-                                WorkerStats::add(&self.stats.pool_stalls, 1);
-                            }
-                            break;
-                        }
+                    let ok = settle(
+                        &mut slot.ep,
+                        &mut self.alloc,
+                        &self.stats,
+                        &queued[..count],
+                        r,
+                        Some(op.slot),
+                        &mut slot.closing,
+                    );
+                    if !ok {
+                        break;
                     }
+                    slot.dirty = true;
+                    any = true;
+                }
+            }
+            if slot.closing.is_none() {
+                // Hand waiting messages to the upper layer, oldest first.
+                while let Some(d) = slot.deferred.front() {
+                    let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
+                    let mut queued = [(BufId::from_bits(0), 0u32, None); MAX_REPLIES];
+                    let max_read_write = slot.ep.connection().params().max_read_write_size;
+                    let (msg, rdma) = slot.ep.message_and_rdma(d);
+                    let mut out = Replies {
+                        alloc: &mut self.alloc,
+                        pool: &self.pool,
+                        queued: &mut queued[..space],
+                        count: 0,
+                        rdma,
+                        max_read_write,
+                        completing: None,
+                    };
+                    let r = self.upper.on_message(slot.conn, msg, &mut out);
+                    let count = out.count;
+                    let ok = settle(
+                        &mut slot.ep,
+                        &mut self.alloc,
+                        &self.stats,
+                        &queued[..count],
+                        r,
+                        None,
+                        &mut slot.closing,
+                    );
+                    if !ok {
+                        break;
+                    }
+                    let d = slot.deferred.pop_front().expect("front exists");
+                    slot.ep.release(d, &mut self.alloc);
+                    slot.dirty = true;
+                    any = true;
                 }
             }
             if slot.dirty && slot.closing.is_none() {
@@ -491,6 +557,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         for m in slot.ep.drain_queued() {
             let _ = self.alloc.free(m);
         }
+        // RDMA operations not in flight give their buffers back now; those
+        // in flight once their (flushed) completions are in.
+        slot.ep.release_rdma(&mut self.alloc);
         if slot.ep.outstanding() > 0 {
             return; // wait for the flushed completions
         }
@@ -515,6 +584,52 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     fn close_all(&mut self, reason: CloseReason) {
         for slot in self.slots.iter_mut().flatten() {
             slot.closing.get_or_insert(reason);
+        }
+    }
+}
+
+/// Applies what an upper-layer handler did through its [`Replies`]: on
+/// `Ok`, queues the replies and commits the RDMA requests (and finishes the
+/// operation being completed, if any); on backpressure, undoes both so the
+/// handler can be called again with the same input. Returns whether the
+/// handler succeeded.
+fn settle<Q: crate::provider::QueuePair>(
+    ep: &mut Endpoint<Q>,
+    alloc: &mut SliceAllocator,
+    stats: &WorkerStats,
+    queued: &[QueuedReply],
+    r: Result<(), Backpressure>,
+    completing: Option<usize>,
+    closing: &mut Option<CloseReason>,
+) -> bool {
+    match r {
+        Ok(()) => {
+            for &(buf, len, invalidate) in queued {
+                if ep.send_with_invalidate(buf, len, invalidate).is_err() {
+                    let _ = alloc.free(buf);
+                } else {
+                    WorkerStats::add(&stats.messages_out, 1);
+                    WorkerStats::add(&stats.bytes_out, len as u64);
+                }
+            }
+            if let Some(rdma) = ep.rdma_mut() {
+                rdma.commit(alloc, completing);
+            }
+            true
+        }
+        Err(bp) => {
+            for &(buf, _, _) in queued {
+                let _ = alloc.free(buf);
+            }
+            if let Some(rdma) = ep.rdma_mut() {
+                rdma.abort(alloc, completing);
+            }
+            if bp == Backpressure::TooLarge {
+                *closing = Some(CloseReason::Capacity);
+            } else {
+                WorkerStats::add(&stats.pool_stalls, 1);
+            }
+            false
         }
     }
 }
