@@ -597,9 +597,66 @@ fn serve_over_verbs_echoes_and_returns_every_buffer() {
             "echo of {size} B differs"
         );
     }
+    // RDMA through granted descriptors ([MS-SMBD] 3.1.4.5/3.1.4.6): the
+    // server RDMA-reads 256 KiB from two memory windows of ours and
+    // RDMA-writes them into two others, then answers with Send with
+    // Invalidate of the first write grant.
+    {
+        use smbdirect_dataplane::client::buffer_descriptor;
+        use smbdirect_dataplane::provider::Access;
+        use smbdirect_dataplane::upper::{
+            parse_rdma_done, rdma_echo_request, RDMA_ECHO_INVALIDATE,
+        };
+        let len = 256 * 1024;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+        let src = c.alloc_buffer(len).unwrap();
+        let dst = c.alloc_buffer(len).unwrap();
+        assert!(c.write_buffer(src, 0, &data));
+        let half = len / 2;
+        let r = [
+            c.grant(src, 0, half, Access::RemoteRead).unwrap(),
+            c.grant(src, half, len - half, Access::RemoteRead).unwrap(),
+        ];
+        let w = [
+            c.grant(dst, 0, half, Access::RemoteWrite).unwrap(),
+            c.grant(dst, half, len - half, Access::RemoteWrite).unwrap(),
+        ];
+        let rd: Vec<[u8; 16]> = r.iter().map(|g| buffer_descriptor(g).to_bytes()).collect();
+        let wd: Vec<[u8; 16]> = w.iter().map(|g| buffer_descriptor(g).to_bytes()).collect();
+        c.send(&rdma_echo_request(
+            len as u32,
+            &rd,
+            &wd,
+            RDMA_ECHO_INVALIDATE,
+        ))
+        .unwrap();
+        let (status, moved, token) = c
+            .recv_with_token(Duration::from_secs(60), |m, t| {
+                let (st, n) = parse_rdma_done(m).expect("RDMADONE reply");
+                (st, n, t)
+            })
+            .unwrap();
+        assert_eq!(status, smbdirect_protocol::ntstatus::STATUS_SUCCESS);
+        assert_eq!(moved as usize, len);
+        assert_eq!(
+            token,
+            Some(w[0].rkey),
+            "Send with Invalidate names the first write token"
+        );
+        let mut back = vec![0u8; len];
+        assert!(c.read_buffer(dst, 0, &mut back));
+        assert!(back == data, "RDMA echo over verbs: bytes differ");
+        for g in r.iter().chain(&w[1..]) {
+            c.revoke(g.rkey).unwrap();
+        }
+        // The first write grant was invalidated by the peer; revoking it is not an error.
+        c.revoke(w[0].rkey).unwrap();
+        c.free_buffer(src);
+        c.free_buffer(dst);
+    }
     let doc = stats_json(&d);
     assert!(doc.contains("\"provider\":\"verbs\""), "{doc}");
-    assert_eq!(field(&doc, "messages_in"), 5, "{doc}");
+    assert_eq!(field(&doc, "messages_in"), 6, "{doc}");
     let _ = c.close(Duration::from_secs(5));
     let (out, _) = terminate(d);
     assert!(out.contains("protocol errors"), "{out}");

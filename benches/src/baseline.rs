@@ -76,16 +76,52 @@ pub fn cacheline_pingpong(
     hist
 }
 
+/// A page-aligned heap buffer (both memcpy operands are page-aligned, as
+/// registered RDMA buffers are; two back-to-back `Vec`s would instead make
+/// loads alias in-flight stores and understate memcpy).
+struct PageBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl PageBuf {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).expect("valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "allocation of {len} bytes failed");
+        PageBuf { ptr, layout }
+    }
+    fn slice_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is a live allocation of layout.size() initialised bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for PageBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
 /// memcpy throughput in bytes per second for `size`-byte copies between two
-/// buffers (warm in cache for small sizes, as an RDMA loopback would be).
+/// page-aligned buffers (warm in cache for small sizes, as an RDMA loopback
+/// would be).
 pub fn memcpy_throughput(size: usize, duration: Duration) -> f64 {
-    let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
-    let mut dst = vec![0u8; size];
+    let mut src = PageBuf::new(size);
+    let mut dst = PageBuf::new(size);
+    for (i, b) in src.slice_mut().iter_mut().enumerate() {
+        *b = i as u8;
+    }
     let start = Instant::now();
     let mut bytes = 0u64;
     while start.elapsed() < duration {
         for _ in 0..16 {
-            dst.copy_from_slice(std::hint::black_box(&src));
+            let s = std::hint::black_box(&mut src).slice_mut()[..size].as_ptr();
+            let d = dst.slice_mut();
+            // SAFETY: two distinct live allocations of at least `size` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(s, d.as_mut_ptr(), size) };
             std::hint::black_box(&mut dst);
             bytes += size as u64;
         }

@@ -368,6 +368,7 @@ impl SharedMapping {
     }
 
     /// Length of the mapping in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -378,11 +379,13 @@ impl SharedMapping {
     }
 
     /// First byte of this mapping (differs from the pool's own base address).
+    #[inline]
     pub fn base(&self) -> NonNull<u8> {
         NonNull::new(self.map.as_mut_ptr()).expect("mmap returned null")
     }
 
     /// Pointer to `len` bytes at `offset`, or `None` if that range is outside.
+    #[inline]
     pub fn ptr_at(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
         let end = offset.checked_add(len)?;
         if end > self.len {

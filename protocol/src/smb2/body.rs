@@ -57,9 +57,15 @@ macro_rules! body_view {
             /// every variable buffer's offset and length.
             pub fn new_checked(buffer: T) -> Result<Self, $crate::smb2::Smb2Error> {
                 let v = Self::new_unchecked(buffer);
-                $crate::smb2::layout::check_fixed(Self::WHAT, v.buffer.as_ref(), $ss)?;
-                v.check_variable()?;
+                v.check()?;
                 Ok(v)
+            }
+
+            /// The checks of [`new_checked`](Self::new_checked), on a view
+            /// made with `new_unchecked` (every `Repr::parse` runs them).
+            pub fn check(&self) -> Result<(), $crate::smb2::Smb2Error> {
+                $crate::smb2::layout::check_fixed(Self::WHAT, self.buffer.as_ref(), $ss)?;
+                self.check_variable()
             }
 
             /// The underlying buffer.
@@ -186,7 +192,8 @@ macro_rules! reserved_body {
 
         impl $repr {
             /// Reads a checked view (nothing to read: Reserved is ignored).
-            pub fn parse<T: AsRef<[u8]>>(_view: &$view<T>) -> Result<Self, $crate::smb2::Smb2Error> {
+            pub fn parse<T: AsRef<[u8]>>(view: &$view<T>) -> Result<Self, $crate::smb2::Smb2Error> {
+                view.check()?;
                 Ok($repr)
             }
             /// 4 bytes.

@@ -167,6 +167,7 @@ impl<'a> ErrorResponseRepr<'a> {
 
     /// Reads a checked view.
     pub fn parse(v: &ErrorResponse<&'a [u8]>) -> Result<Self, Smb2Error> {
+        v.check()?;
         let b: &'a [u8] = v.buffer;
         let end = field::ERROR_DATA.saturating_add(v.byte_count() as usize);
         Ok(ErrorResponseRepr {

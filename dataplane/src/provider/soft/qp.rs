@@ -46,6 +46,9 @@ pub struct SoftQp {
     /// re-granted as late as possible).
     free_grants: VecDeque<u32>,
     rng: XorShift,
+    rq_head_cache: std::cell::Cell<u64>,
+    peer_rq_tail_cache: std::cell::Cell<u64>,
+    peer_cq_head_cache: std::cell::Cell<u64>,
 }
 
 #[inline]
@@ -63,6 +66,9 @@ impl SoftQp {
             rq_posted: 0,
             free_grants,
             rng: XorShift::from_os(),
+            rq_head_cache: std::cell::Cell::new(0),
+            peer_rq_tail_cache: std::cell::Cell::new(0),
+            peer_cq_head_cache: std::cell::Cell::new(0),
         }
     }
 
@@ -226,7 +232,7 @@ impl SoftQp {
             len: 0,
             region: 0,
         };
-        match rq.pop_n(1, |_, s| posted = s.read()) {
+        match rq.pop_n_cached(1, &self.peer_rq_tail_cache, |_, s| posted = s.read()) {
             Ok(1) => {}
             Ok(_) => {
                 ep.provider
@@ -295,7 +301,11 @@ impl SoftQp {
         // `push_n`); the peer's CQ Acquire-loads the tail before reading the
         // completion, so it sees the bytes, and any RDMA Write this thread
         // made before, once it sees the completion.
-        if !ep.seg.cq(peer).try_push(|s| s.write(&c, 0)) {
+        if !ep
+            .seg
+            .cq(peer)
+            .try_push_cached(&self.peer_cq_head_cache, |s| s.write(&c, 0))
+        {
             // More completions than receives posted: the peer's indices lie.
             ep.break_conn(BreakReason::Corruption);
             return WcStatus::Other(WC_REMOTE_INVALID_REQUEST);
@@ -429,7 +439,7 @@ impl QueuePair for SoftQp {
         let rq = ep.seg.rq(ep.me);
         // Never short: the ring holds next_pow2(max_recv_wr) and occupancy
         // never exceeds the outstanding count checked above.
-        if rq.free_slots() < wrs.len() as u64 {
+        if rq.free_slots_cached(&self.rq_head_cache, wrs.len() as u64) < wrs.len() as u64 {
             return Err(ProviderError::QueueFull);
         }
         // Validate all first, so a bad one posts nothing (verbs would fail

@@ -230,6 +230,72 @@ impl<'a, E> RingRef<'a, E> {
             .store(tail.wrapping_add(n), Ordering::Release);
     }
 
+    /// Producer: free slots, re-reading the consumer's `head` only when the
+    /// value cached in `head_cache` says fewer than `want` are free.
+    #[inline]
+    pub(crate) fn free_slots_cached(&self, head_cache: &std::cell::Cell<u64>, want: u64) -> u64 {
+        let tail = self.index.tail.load(Ordering::Relaxed);
+        let cap = self.slots.len() as u64;
+        let free = cap.saturating_sub(tail.wrapping_sub(head_cache.get()));
+        if free >= want {
+            return free;
+        }
+        let head = self.index.head.load(Ordering::Acquire);
+        head_cache.set(head);
+        cap.saturating_sub(tail.wrapping_sub(head))
+    }
+
+    /// Producer: [`Self::try_push`] with a cached consumer index.
+    #[inline]
+    pub(crate) fn try_push_cached(
+        &self,
+        head_cache: &std::cell::Cell<u64>,
+        fill: impl FnOnce(&E),
+    ) -> bool {
+        if self.free_slots_cached(head_cache, 1) == 0 {
+            return false;
+        }
+        let mut fill = Some(fill);
+        self.push_n(1, |_, s| {
+            if let Some(f) = fill.take() {
+                f(s)
+            }
+        });
+        true
+    }
+
+    /// Consumer: [`Self::pop_n`], re-reading the producer's `tail` only when
+    /// the value cached in `tail_cache` says nothing is available.
+    #[inline]
+    pub(crate) fn pop_n_cached(
+        &self,
+        max: u64,
+        tail_cache: &std::cell::Cell<u64>,
+        mut take: impl FnMut(u64, &E),
+    ) -> Result<u64, Corrupt> {
+        let head = self.index.head.load(Ordering::Relaxed);
+        let mut n = tail_cache.get().wrapping_sub(head);
+        if n == 0 || n > self.slots.len() as u64 {
+            let tail = self.index.tail.load(Ordering::Acquire);
+            tail_cache.set(tail);
+            n = tail.wrapping_sub(head);
+            if n > self.slots.len() as u64 {
+                return Err(Corrupt);
+            }
+        }
+        let n = n.min(max);
+        if n == 0 {
+            return Ok(0);
+        }
+        for k in 0..n {
+            take(k, self.slot(head.wrapping_add(k)));
+        }
+        self.index
+            .head
+            .store(head.wrapping_add(n), Ordering::Release);
+        Ok(n)
+    }
+
     /// Producer: pushes one entry if there is room.
     #[inline]
     pub(crate) fn try_push(&self, fill: impl FnOnce(&E)) -> bool {

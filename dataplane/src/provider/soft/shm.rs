@@ -128,11 +128,13 @@ impl Segment {
     /// Panics if it does not fit or is misaligned: offsets come from layouts
     /// this module computed and checked against the mapping length, never
     /// from the peer.
+    #[inline]
     pub(crate) fn at<T: ShmSafe>(&self, offset: usize) -> &T {
         &self.slice::<T>(offset, 1)[0]
     }
 
     /// `count` consecutive `T`s at `offset` (same rules as [`Self::at`]).
+    #[inline]
     pub(crate) fn slice<T: ShmSafe>(&self, offset: usize, count: usize) -> &[T] {
         let size = std::mem::size_of::<T>()
             .checked_mul(count)
