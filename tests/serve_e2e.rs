@@ -733,3 +733,22 @@ fn silent_peer_is_dropped_by_the_5s_negotiation_timer_and_unanswered_keepalives_
     assert!(err.contains("negotiation timer expired"), "{err}");
     assert!(err.contains("did not answer a keepalive"), "{err}");
 }
+
+#[test]
+fn invalid_flags_get_one_line_and_exit_status_2() {
+    for args in [
+        &["serve", "--cores", "4096"][..],
+        &["serve", "--cores", "3-1"][..],
+        &["serve", "--pool-mem", "lots"][..],
+        &["serve", "--max-fragmented-size", "1000"][..],
+        &["serve", "--queue-depth", "0"][..],
+        &["serve", "--log-level", "chatty"][..],
+        &["loopback", "--size", "0"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd")).args(args).output().expect("run smbdirectd");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: want one line, got:\n{err}");
+        assert!(err.starts_with("smbdirectd: "), "{args:?}: {err}");
+    }
+}
