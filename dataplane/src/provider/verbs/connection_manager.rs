@@ -1,6 +1,8 @@
 //! Connection management over librdmacm: listen, accept, connect
 //! ([MS-SMBD] 3.1.4.1, 3.1.7.2, Appendix A), and the CM service thread that
-//! turns connection loss into a queue pair in error (3.1.7.1).
+//! turns connection loss into a queue pair in error (3.1.7.1). IRD/ORD (the
+//! CM's fields, or the iWARP private-data header) are decided by the pure
+//! functions of `ird_ord`; this module applies them.
 //!
 //! Threads: listening, accepting and connecting block the calling
 //! (control-plane) thread on a private event channel. Once a connection is
@@ -22,17 +24,21 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdma_sys::*;
+use smbdirect_protocol::smbd::wire::IrdOrdRepr;
 
 use super::completion_queue::VerbsCqHandle;
-use super::device::{Device, Transport};
+use super::device::Device;
+use super::ird_ord::{self, Carrier};
 use super::queue_pair::VerbsQp;
 use super::VerbsProvider;
 use crate::provider::{ConnRequest, Listener, ProviderError, QpCaps, QpState, QueuePair, RecvWr};
 
 /// Largest private data in a connect request (InfiniBand CM REQ, less the
-/// rdma_cm header).
+/// rdma_cm header). On iWARP the 8-byte IRD/ORD header counts against it
+/// (MPA allows more; we keep one limit for every transport).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
-/// Largest private data in an accept (InfiniBand CM REP).
+/// Largest private data in an accept (InfiniBand CM REP); on iWARP,
+/// including the IRD/ORD header.
 pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// Listen backlog.
 const BACKLOG: i32 = 128;
@@ -108,30 +114,6 @@ pub(super) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAd
     }
 }
 
-/// The IRD and ORD we offer: the caps, clamped to the device and to the
-/// CM's 8-bit fields.
-pub(super) fn offered_ird_ord(
-    caps: &QpCaps,
-    max_qp_rd_atom: u32,
-    max_qp_init_rd_atom: u32,
-) -> (u32, u32) {
-    (
-        caps.ird.min(max_qp_rd_atom).min(255),
-        caps.ord.min(max_qp_init_rd_atom).min(255),
-    )
-}
-
-/// [MS-SMBD] Appendix A, 6.2: our IRD is the smaller of what we offer and
-/// the peer's ORD, our ORD the smaller of what we offer and the peer's IRD.
-/// The accepting side applies it to the request, the connecting side to the
-/// reply.
-pub(super) fn negotiate_ird_ord(offered: (u32, u32), peer_ird: u8, peer_ord: u8) -> (u32, u32) {
-    (
-        offered.0.min(peer_ord as u32),
-        offered.1.min(peer_ird as u32),
-    )
-}
-
 fn conn_param(private_data: &[u8], ird: u32, ord: u32, device: &Device) -> rdma_conn_param {
     let cfg = device.config();
     rdma_conn_param {
@@ -149,15 +131,6 @@ fn conn_param(private_data: &[u8], ird: u32, ord: u32, device: &Device) -> rdma_
         srq: 0,
         qp_num: 0,
     }
-}
-
-fn refuse_iwarp(device: &Device) -> Result<(), ProviderError> {
-    if device.limits().transport == Transport::Iwarp {
-        return Err(ProviderError::Unsupported(
-            "iWARP: the [MS-SMBD] Appendix A IRD/ORD private-data header is not implemented yet",
-        ));
-    }
-    Ok(())
 }
 
 /// An rdma_cm event channel with a non-blocking descriptor.
@@ -661,7 +634,6 @@ impl std::fmt::Debug for VerbsListener {
 
 impl VerbsListener {
     pub(super) fn new(device: &Arc<Device>, addr: SocketAddr) -> Result<Self, ProviderError> {
-        refuse_iwarp(device)?;
         let channel = EventChannel::new()?;
         let id = CmId::create(&channel)?;
         let mut sa = to_sockaddr(&addr);
@@ -718,7 +690,11 @@ impl Listener<VerbsProvider> for VerbsListener {
                 _ => continue,
             }
             let id = ev.id();
-            let private_data = ev.private_data().to_vec();
+            // [MS-SMBD] 6.2: on iWARP the peer's IRD/ORD header is the start
+            // of the private data; the caller sees what follows it.
+            let carrier = Carrier::of(self.device.limits().transport);
+            let (peer_header, private_data) = ird_ord::split_request(carrier, ev.private_data());
+            let private_data = private_data.to_vec();
             let (peer_ird, peer_ord) = ev.peer_ird_ord();
             // Acknowledge before migrating the new id (migration waits for
             // its events to be acknowledged).
@@ -734,6 +710,7 @@ impl Listener<VerbsProvider> for VerbsListener {
                 peer,
                 peer_ird,
                 peer_ord,
+                peer_header,
             };
             let cm_id = req.cm_id.as_ref().expect("just set");
             if !cm_id.on_device(&self.device) {
@@ -759,10 +736,14 @@ impl Listener<VerbsProvider> for VerbsListener {
 pub struct VerbsRequest {
     cm_id: Option<CmId>,
     device: Arc<Device>,
+    /// The peer's private data after the IRD/ORD header (if any).
     private_data: Vec<u8>,
     peer: SocketAddr,
+    /// The peer's (IRD, ORD) as the CM reports them.
     peer_ird: u8,
     peer_ord: u8,
+    /// The peer's IRD/ORD negotiate header (iWARP, [MS-SMBD] 6.1).
+    peer_header: Option<IrdOrdRepr>,
 }
 
 impl std::fmt::Debug for VerbsRequest {
@@ -771,14 +752,19 @@ impl std::fmt::Debug for VerbsRequest {
             .field("peer", &self.peer)
             .field("peer_ird", &self.peer_ird)
             .field("peer_ord", &self.peer_ord)
+            .field("peer_header", &self.peer_header)
             .finish_non_exhaustive()
     }
 }
 
 impl VerbsRequest {
-    /// The peer's (IRD, ORD) offer.
+    /// The peer's (IRD, ORD) offer: from its IRD/ORD header on iWARP (when
+    /// it sent one), else as the CM reports it.
     pub fn peer_ird_ord(&self) -> (u32, u32) {
-        (self.peer_ird as u32, self.peer_ord as u32)
+        match self.peer_header {
+            Some(h) => (h.ird, h.ord),
+            None => (self.peer_ird as u32, self.peer_ord as u32),
+        }
     }
 }
 
@@ -803,6 +789,11 @@ impl ConnRequest<VerbsProvider> for VerbsRequest {
     /// Posts `recvs` on the new queue pair *before* `rdma_accept` sends the
     /// reply, so the peer's first Send always finds a receive (as ksmbd and
     /// SPDK do), then accepts.
+    ///
+    /// On iWARP with the peer's IRD/ORD header ([MS-SMBD] 6.2): negotiates,
+    /// rejects the request (no accept) when the result is zero, sets the
+    /// queue pair's IRD/ORD before `rdma_accept`, and puts the reply's header
+    /// first in the accept's private data.
     fn accept_with_receives(
         mut self,
         cq: &VerbsCqHandle,
@@ -810,15 +801,38 @@ impl ConnRequest<VerbsProvider> for VerbsRequest {
         private_data: &[u8],
         recvs: &[RecvWr],
     ) -> Result<VerbsQp, ProviderError> {
-        if private_data.len() > MAX_ACCEPT_PRIVATE_DATA {
+        let header_len = if self.peer_header.is_some() {
+            ird_ord::HEADER_LEN
+        } else {
+            0
+        };
+        if header_len + private_data.len() > MAX_ACCEPT_PRIVATE_DATA {
             return Err(ProviderError::Connect(format!(
-                "accept private data of {} bytes exceeds {MAX_ACCEPT_PRIVATE_DATA}",
-                private_data.len()
+                "accept private data of {} bytes exceeds {} (the limit of {MAX_ACCEPT_PRIVATE_DATA}, less {header_len} for the IRD/ORD header)",
+                private_data.len(),
+                MAX_ACCEPT_PRIVATE_DATA - header_len
             )));
         }
         let limits = *self.device.limits();
-        let offered = offered_ird_ord(&caps, limits.max_qp_rd_atom, limits.max_qp_init_rd_atom);
-        let (ird, ord) = negotiate_ird_ord(offered, self.peer_ird, self.peer_ord);
+        let offered =
+            ird_ord::offered_ird_ord(&caps, limits.max_qp_rd_atom, limits.max_qp_init_rd_atom);
+        let plan = match ird_ord::plan_accept(
+            offered,
+            (self.peer_ird, self.peer_ord),
+            self.peer_header,
+        ) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let peer = self.peer;
+                let theirs = self.peer_header;
+                drop(self); // rejects
+                return Err(ProviderError::Connect(format!(
+                    "connection request from {peer}: {e} (peer header {theirs:?}, our offer (IRD, ORD) = {offered:?}); rejected"
+                )));
+            }
+        };
+        let (ird, ord) = (plan.ird, plan.ord);
+        let reply = plan.private_data(private_data);
         let cm_id = self.cm_id.take().expect("a request is accepted once");
         let mut qp = match VerbsQp::create(&self.device, cm_id, cq, caps) {
             Ok(qp) => qp,
@@ -831,7 +845,7 @@ impl ConnRequest<VerbsProvider> for VerbsRequest {
         if !recvs.is_empty() {
             qp.post_recv(recvs)?;
         }
-        let mut param = conn_param(private_data, ird, ord, &self.device);
+        let mut param = conn_param(&reply, ird, ord, &self.device);
         // SAFETY: the id has its QP; `param` and the private data it points
         // at outlive the call.
         if unsafe { rdma_accept(qp.cm_id().raw(), &mut param) } != 0 {
@@ -867,11 +881,13 @@ pub(super) fn connect(
     private_data: &[u8],
     timeout: Duration,
 ) -> Result<(VerbsQp, Vec<u8>), ProviderError> {
-    refuse_iwarp(device)?;
-    if private_data.len() > MAX_CONNECT_PRIVATE_DATA {
+    let carrier = Carrier::of(device.limits().transport);
+    let header_len = carrier.header_len();
+    if header_len + private_data.len() > MAX_CONNECT_PRIVATE_DATA {
         return Err(ProviderError::Connect(format!(
-            "connect private data of {} bytes exceeds {MAX_CONNECT_PRIVATE_DATA}",
-            private_data.len()
+            "connect private data of {} bytes exceeds {} (the limit of {MAX_CONNECT_PRIVATE_DATA}, less {header_len} for the IRD/ORD header)",
+            private_data.len(),
+            MAX_CONNECT_PRIVATE_DATA - header_len
         )));
     }
     let deadline = Instant::now() + timeout;
@@ -924,9 +940,12 @@ pub(super) fn connect(
         &format!("route to {addr}"),
     )?);
     let limits = *device.limits();
-    let offered = offered_ird_ord(&caps, limits.max_qp_rd_atom, limits.max_qp_init_rd_atom);
+    let offered =
+        ird_ord::offered_ird_ord(&caps, limits.max_qp_rd_atom, limits.max_qp_init_rd_atom);
+    // [MS-SMBD] 6.1: on iWARP our offer goes first in the private data.
+    let request = ird_ord::connect_private_data(carrier, offered, private_data);
     let mut qp = VerbsQp::create(device, cm_id, cq, caps).map_err(|(e, _id)| e)?;
-    let mut param = conn_param(private_data, offered.0, offered.1, device);
+    let mut param = conn_param(&request, offered.0, offered.1, device);
     // SAFETY: the id has its route and QP; `param` and its private data
     // outlive the call.
     if unsafe { rdma_connect(qp.cm_id().raw(), &mut param) } != 0 {
@@ -940,8 +959,8 @@ pub(super) fn connect(
             "connecting to {addr}: timed out"
         )));
     };
-    let reply = match ev.kind() {
-        rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => ev.private_data().to_vec(),
+    match ev.kind() {
+        rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => {}
         rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
             return Err(ProviderError::Connect(format!(
                 "{addr} rejected the connection (status {})",
@@ -955,11 +974,29 @@ pub(super) fn connect(
                 ev.status()
             )))
         }
-    };
-    let (peer_ird, peer_ord) = ev.peer_ird_ord();
-    drop(ev);
+    }
     qp.cm_id().state().established();
-    let (ird, ord) = negotiate_ird_ord(offered, peer_ird, peer_ord);
+    // [MS-SMBD] 6.2: on iWARP, the accepting peer's header decides our
+    // IRD/ORD (and is not the caller's private data).
+    let established =
+        ird_ord::complete_connect(carrier, offered, ev.peer_ird_ord(), ev.private_data());
+    let established = match established {
+        Ok(e) => e,
+        Err(e) => {
+            let header = ev
+                .private_data()
+                .get(..ird_ord::HEADER_LEN)
+                .map(|h| h.to_vec());
+            drop(ev);
+            // Dropping the queue pair disconnects the established connection.
+            return Err(ProviderError::Connect(format!(
+                "{addr} accepted with an unusable IRD/ORD header {header:02x?}: {e}"
+            )));
+        }
+    };
+    let (ird, ord) = (established.ird, established.ord);
+    let reply = established.private_data.to_vec();
+    drop(ev);
     qp.set_ird_ord(ird, ord);
     qp.cm_id().migrate(device.cm().channel())?;
     Ok((qp, reply))
@@ -978,28 +1015,5 @@ mod tests {
             let back = unsafe { from_sockaddr((&ss as *const libc::sockaddr_storage).cast()) };
             assert_eq!(back, Some(addr), "{a}");
         }
-    }
-
-    #[test]
-    fn ird_ord_negotiation_takes_the_smaller_of_offer_and_peer_per_appendix_a() {
-        // We offer IRD 16, ORD 8; the peer offers IRD 4, ORD 32.
-        assert_eq!(negotiate_ird_ord((16, 8), 4, 32), (16, 4));
-        assert_eq!(negotiate_ird_ord((16, 8), 255, 1), (1, 8));
-        // A peer that does no RDMA Read leaves our IRD at zero.
-        assert_eq!(negotiate_ird_ord((16, 8), 4, 0), (0, 4));
-        // The conformance suite's case: server (8, 4), client (2, 16).
-        assert_eq!(negotiate_ird_ord((8, 4), 2, 16), (8, 2));
-        assert_eq!(negotiate_ird_ord((2, 16), 8, 2), (2, 8));
-    }
-
-    #[test]
-    fn ird_ord_offer_is_clamped_to_device_and_cm_field() {
-        let caps = QpCaps {
-            ird: 1000,
-            ord: 3,
-            ..QpCaps::default()
-        };
-        assert_eq!(offered_ird_ord(&caps, 128, 128), (128, 3));
-        assert_eq!(offered_ird_ord(&caps, 4096, 4096), (255, 3));
     }
 }

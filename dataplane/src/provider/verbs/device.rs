@@ -25,6 +25,18 @@ pub enum Transport {
     Other(i32),
 }
 
+impl Transport {
+    /// The port SMB Direct listens on by default over this transport: 445
+    /// on InfiniBand and RoCE (as Windows and ksmbd use), 5445 on iWARP
+    /// ([MS-SMBD] 6.1; ksmbd's `SMB_DIRECT_PORT_IWARP`).
+    pub const fn smb_direct_port(self) -> u16 {
+        match self {
+            Transport::Iwarp => 5445,
+            Transport::InfiniBand | Transport::Other(_) => 445,
+        }
+    }
+}
+
 /// State of a port (`ibv_port_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PortState {
@@ -711,6 +723,13 @@ mod tests {
             "mlx5: libibverbs flags only"
         );
         assert_eq!(Quirks::of(0x02c9, 4119), Quirks::default());
+    }
+
+    #[test]
+    fn smb_direct_port_is_445_except_on_iwarp() {
+        assert_eq!(Transport::InfiniBand.smb_direct_port(), 445);
+        assert_eq!(Transport::Iwarp.smb_direct_port(), 5445);
+        assert_eq!(Transport::Other(4).smb_direct_port(), 445);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The verbs provider: real RDMA through rdma-core (libibverbs for the data
-//! path, librdmacm for connection management), over InfiniBand and RoCE.
+//! path, librdmacm for connection management), over InfiniBand, RoCE and
+//! iWARP.
 //!
 //! Layout:
 //! - `device`: the opened device, its protection domain, the pools
@@ -13,7 +14,9 @@
 //! - `memory_window`: per-I/O grants, type-2 memory windows bound to one queue
 //!   pair (or a per-I/O registration where the device has no windows);
 //! - `connection_manager`: rdma_cm listen/accept/connect and the CM service
-//!   thread that turns a lost connection into a queue pair in error.
+//!   thread that turns a lost connection into a queue pair in error;
+//! - `ird_ord`: IRD/ORD at connection time ([MS-SMBD] Appendix A): the offer,
+//!   the negotiation, and the iWARP private-data header, as pure functions.
 //!
 //! # Design
 //!
@@ -63,18 +66,38 @@
 //! refused access, length error) puts the queue pair in error too; the peer
 //! of such a failure stays connected until the failing end disconnects.
 //!
-//! **IRD/ORD ([MS-SMBD] Appendix A).** On InfiniBand and RoCE the CM carries
-//! them: we offer `responder_resources = ird` and `initiator_depth = ord`
-//! (from [`QpCaps`], clamped to the device), the accepting side answers
-//! with `min(own ird, peer ord)` and `min(own ord, peer ird)` (6.2),
-//! and both sides report the result in
-//! [`QueuePair::ird_ord`](super::QueuePair::ird_ord). iWARP without RFC 6581
-//! needs the 8-byte IRD/ORD header at the start of the private data: not
-//! implemented yet, so listen and connect refuse iWARP devices.
+//! **IRD/ORD ([MS-SMBD] Appendix A).** We offer `responder_resources = ird`
+//! and `initiator_depth = ord` (from [`QpCaps`], clamped to the device). On
+//! InfiniBand and RoCE the CM carries them: each side's IRD becomes
+//! `min(own ird, peer ord)` and its ORD `min(own ord, peer ird)`. On iWARP
+//! (`IBV_TRANSPORT_IWARP`), whose MPA may not negotiate them (RFC 6581), the
+//! 8-byte IRD/ORD negotiate header of 6.1 (big-endian, as Linux sends it) goes
+//! first in the private data: the connecting side sends its offer; the
+//! accepting side strips the header from the request (the caller's
+//! [`ConnRequest::private_data`](super::ConnRequest::private_data) is what
+//! follows it), computes the 6.2 reply, *rejects* the request when a result
+//! is zero, sets its IRD/ORD before `rdma_accept` and sends the reply's
+//! header first in the accept's private data; the connecting side adopts the
+//! reply from the ESTABLISHED event and strips it too. The accepting side's
+//! values mirror the reply (see `ird_ord` for why), which gives the same
+//! result as the CM on InfiniBand and RoCE. A peer that sends no header
+//! (fewer than 8 bytes) gets the CM's values, as on InfiniBand. Both sides
+//! report the result in [`QueuePair::ird_ord`](super::QueuePair::ird_ord);
+//! on the connecting side it can only be recorded (the queue pair was set up
+//! with the offer before the reply came), and it is what bounds the worker's
+//! outstanding RDMA Reads. The SMB Direct port is 445 on InfiniBand and RoCE
+//! and 5445 on iWARP ([`Transport::smb_direct_port`]).
+//!
+//! *Not tested at run time on iWARP:* there is no iWARP device here, and the
+//! rxe guest that runs `scripts/rxe-tests.sh` has only `rdma_rxe` (no `siw`
+//! module). The header's construction, parsing, stripping and the
+//! zero-rejection decision are unit-tested in `ird_ord`; the rxe run shows
+//! that InfiniBand/RoCE behaviour (no header) is unchanged.
 //!
 //! **Private data.** InfiniBand CM messages have fixed-size private data: the
 //! peer's private data arrives zero-padded to 56 bytes (connect request) or
-//! 196 bytes (accept reply), and longer private data is refused.
+//! 196 bytes (accept reply), and longer private data is refused. iWARP does
+//! not pad; there the IRD/ORD header counts against the same limits.
 //!
 //! **Accept and the first receive.**
 //! [`ConnRequest::accept_with_receives`](super::ConnRequest::accept_with_receives)
@@ -104,6 +127,7 @@
 mod completion_queue;
 mod connection_manager;
 mod device;
+mod ird_ord;
 mod memory_window;
 mod queue_pair;
 mod work_queue;
