@@ -745,10 +745,17 @@ fn invalid_flags_get_one_line_and_exit_status_2() {
         &["serve", "--log-level", "chatty"][..],
         &["loopback", "--size", "0"][..],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd")).args(args).output().expect("run smbdirectd");
+        let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+            .args(args)
+            .output()
+            .expect("run smbdirectd");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: want one line, got:\n{err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: want one line, got:\n{err}"
+        );
         assert!(err.starts_with("smbdirectd: "), "{args:?}: {err}");
     }
 }
