@@ -9,6 +9,9 @@
 //! Tests that start servers run one at a time (a static lock): the machine
 //! these run on may have two cores.
 
+mod common;
+use common::*;
+
 use smbdirect_dataplane::client::{buffer_descriptor, client_caps, Client, ClientError};
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::{Access, Grant, MemoryRegion, Provider, QpCaps};
@@ -16,123 +19,10 @@ use smbdirect_dataplane::upper::{parse_rdma_done, rdma_echo_request, RDMA_ECHO_I
 use smbdirect_hugepages::{Backing, BufId, BufferPool, PoolConfig, SizeClass};
 use smbdirect_protocol::ntstatus::{NtStatus, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-/// One server at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 // ---- the daemon (helpers as in serve_e2e.rs) --------------------------------
-
-struct Daemon {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
-    admin: String,
-}
-
-fn spawn(port: u16, extra: &[&str]) -> Daemon {
-    let admin = format!("/tmp/smbdirectd-test-{port}.sock");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smbdirectd"));
-    let listen = format!("127.0.0.1:{port}");
-    let mut opts: Vec<(&str, &str)> = vec![
-        ("--provider", "soft"),
-        ("--upper", "echo"),
-        ("--listen", &listen),
-        ("--cores", "1"),
-        ("--idle-park-us", "200"),
-        ("--pool-mem", "128M"),
-        ("--max-connections", "16"),
-        ("--receive-credit-max", "32"),
-        ("--send-credit-target", "32"),
-        ("--admin-socket", &admin),
-    ];
-    for pair in extra.chunks(2) {
-        match opts.iter_mut().find(|(k, _)| *k == pair[0]) {
-            Some(o) => o.1 = pair[1],
-            None => opts.push((pair[0], pair[1])),
-        }
-    }
-    cmd.arg("serve");
-    for (k, v) in &opts {
-        cmd.args([k, v]);
-    }
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn smbdirectd");
-    let (tx, rx) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let err = child.stderr.take().unwrap();
-    let e2 = stderr.clone();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            e2.lock().unwrap().push_str(&(l + "\n"));
-        }
-    });
-    let d = Daemon {
-        child,
-        lines: rx,
-        stderr,
-        admin,
-    };
-    let l = match d.lines.recv_timeout(Duration::from_secs(20)) {
-        Ok(l) => l,
-        Err(e) => panic!(
-            "daemon did not print its serving line ({e}); stderr:\n{}",
-            d.stderr.lock().unwrap()
-        ),
-    };
-    assert!(l.contains("serving on"), "unexpected first line: {l}");
-    d
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn stats_json(d: &Daemon) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
-        .args(["stats", "--json", "--admin-socket", &d.admin])
-        .output()
-        .expect("run stats");
-    assert!(
-        out.status.success(),
-        "stats failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn field(doc: &str, key: &str) -> u64 {
-    let k = format!("\"{key}\":");
-    let i = doc
-        .find(&k)
-        .unwrap_or_else(|| panic!("{key} missing in {doc}"))
-        + k.len();
-    doc[i..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit())
-        .collect::<String>()
-        .parse()
-        .unwrap()
-}
 
 /// (class name, free buffers) of every pool class in a stats document.
 fn pool_free(doc: &str) -> Vec<(String, u64)> {
@@ -147,35 +37,6 @@ fn pool_free(doc: &str) -> Vec<(String, u64)> {
     }
     assert!(v.len() >= 3, "{doc}");
     v
-}
-
-fn terminate(d: Daemon) -> (String, String) {
-    let mut d = d;
-    // SAFETY: sending SIGTERM to our own child.
-    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = d.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "daemon did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = String::new();
-    while let Ok(l) = d.lines.recv_timeout(Duration::from_millis(200)) {
-        out.push_str(&l);
-        out.push('\n');
-    }
-    let err = d.stderr.lock().unwrap().clone();
-    assert!(
-        status.success(),
-        "daemon exit status {status:?}; stderr:\n{err}"
-    );
-    assert!(!err.contains("panicked"), "daemon panicked:\n{err}");
-    (out, err)
 }
 
 // ---- the client side --------------------------------------------------------
