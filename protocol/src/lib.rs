@@ -17,6 +17,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod ntstatus;
+pub mod smb2;
 pub mod smbd;
 pub mod sqos;
 pub mod time;

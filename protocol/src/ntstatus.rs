@@ -93,6 +93,11 @@ statuses! {
     STATUS_IO_TIMEOUT = 0xC000_00B5;
     /// Invalid network response.
     STATUS_INVALID_NETWORK_RESPONSE = 0xC000_00C3;
+    /// [MS-SMB2] 3.3.4.2: interim response of an operation that goes async.
+    STATUS_PENDING = 0x0000_0103;
+    /// [MS-SMB2] 3.3.4.4: READ/IOCTL output truncated to the client's limit
+    /// (a warning: the command's response body is still sent).
+    STATUS_BUFFER_OVERFLOW = 0x8000_0005;
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ macro_rules! bitmask {
                 write!(f, "{}({:#x}", stringify!($name), self.0)?;
                 let mut sep = ": ";
                 $(
-                    if $val != 0 && self.contains($name($val)) {
+                    if !$name::$flag.is_empty() && self.contains($name::$flag) {
                         write!(f, "{sep}{}", stringify!($flag))?;
                         sep = " | ";
                     }
@@ -126,7 +126,7 @@ macro_rules! wire_enum {
             $( $(#[$fmeta])* pub const $val_name: $name = $name($val); )*
             /// True for the values the specification defines.
             pub const fn is_defined(self) -> bool {
-                matches!(self.0, $($val)|*)
+                self.name().is_some()
             }
             /// The symbolic name, if defined.
             pub const fn name(self) -> Option<&'static str> {
@@ -157,4 +157,47 @@ macro_rules! wire_enum {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    bitmask! {
+        /// Test flags.
+        pub struct TestFlags(u16) {
+            /// A.
+            A = 0x0001;
+            /// B.
+            B = 0x0004;
+        }
+    }
+
+    wire_enum! {
+        /// Test values.
+        pub struct TestValue(u8) {
+            /// One.
+            ONE = 1;
+            /// Three.
+            THREE = 3;
+        }
+    }
+
+    #[test]
+    fn bitmask_set_operations_and_undefined_bits() {
+        let f = TestFlags::A | TestFlags::from_bits(0x8000);
+        assert!(f.contains(TestFlags::A) && !f.contains(TestFlags::B));
+        assert!(f.intersects(TestFlags::A | TestFlags::B));
+        assert_eq!(f.undefined_bits(), 0x8000);
+        assert_eq!(f.without(TestFlags::A).bits(), 0x8000);
+        assert_eq!(TestFlags::ALL_DEFINED.bits(), 0x0005);
+        assert_eq!(format!("{f:?}"), "TestFlags(0x8001: A | undefined 0x8000)");
+        assert_eq!(format!("{:?}", TestFlags::empty()), "TestFlags(0x0)");
+    }
+
+    #[test]
+    fn wire_enum_names_defined_values_only() {
+        assert!(TestValue::THREE.is_defined());
+        assert!(!TestValue(2).is_defined());
+        assert_eq!(format!("{:?}", TestValue::ONE), "TestValue::ONE");
+        assert_eq!(format!("{:?}", TestValue(2)), "TestValue(0x2)");
+    }
 }

@@ -213,4 +213,3 @@ macro_rules! reserved_body {
         impl_body!($repr, $view, $cmd);
     };
 }
-

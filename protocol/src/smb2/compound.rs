@@ -12,7 +12,7 @@ use super::message::{emit_message, RequestBody, ResponseBody};
 
 /// One message of a (possibly single-message) compound: a checked header
 /// and the body that follows it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Message<'a> {
     offset: usize,
     bytes: &'a [u8],
@@ -196,5 +196,41 @@ impl<'b> CompoundWriter<'b> {
     /// The compound's length.
     pub fn finish(self) -> usize {
         self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smb2::{Command, EchoRequestRepr};
+
+    #[test]
+    fn writer_and_walker_agree_on_a_two_message_chain() {
+        let mut buf = [0u8; 256];
+        let mut w = CompoundWriter::new(&mut buf);
+        let a = w
+            .push(&HeaderRepr::request(Command::Echo, 1), &EchoRequestRepr)
+            .unwrap();
+        let b = w
+            .push(&HeaderRepr::request(Command::Echo, 2), &EchoRequestRepr)
+            .unwrap();
+        assert_eq!(a, 0..68);
+        assert_eq!(b, 72..140);
+        let len = w.finish();
+        let ids: Vec<u64> = compound(&buf[..len])
+            .map(|m| m.unwrap().header().message_id)
+            .collect();
+        assert_eq!(ids, [1, 2]);
+    }
+
+    #[test]
+    fn walker_is_fused_after_an_error() {
+        let mut it = compound(&[0u8; 10]);
+        assert!(matches!(
+            it.next(),
+            Some(Err(Smb2Error::ShortMessage { have: 10 }))
+        ));
+        assert!(it.next().is_none());
+        assert!(it.next().is_none());
     }
 }

@@ -80,7 +80,8 @@ pub enum Smb2Error {
         /// Offset as received (from the start of the SMB2 header, or of the
         /// enclosing structure for nested ones).
         offset: u64,
-        /// Length as received.
+        /// Length as received (0 where no length field goes with the
+        /// offset, e.g. NegotiateContextOffset or a create context's Next).
         length: u64,
         /// First offset the buffer may start at.
         min: u64,
@@ -259,5 +260,102 @@ impl From<WireError> for Smb2Error {
             WireError::Truncated { what, need, have } => Smb2Error::Truncated { what, need, have },
             WireError::Malformed { what, field } => Smb2Error::Malformed { what, field },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smb2::header::Command;
+
+    #[test]
+    fn framing_errors_disconnect_and_body_errors_fail_the_request() {
+        let disconnect = [
+            Smb2Error::ShortMessage { have: 10 },
+            Smb2Error::ProtocolId {
+                found: [0xFF, b'S', b'M', b'B'],
+            },
+            Smb2Error::UnknownCommand { command: 0x99 },
+            Smb2Error::NextCommand {
+                next_command: 3,
+                remaining: 100,
+            },
+            Smb2Error::StructureSize {
+                what: super::super::header::WHAT,
+                expected: 64,
+                found: 0,
+            },
+        ];
+        for e in disconnect {
+            assert_eq!(e.server_action(), ServerAction::Disconnect, "{e}");
+        }
+        let invalid = [
+            Smb2Error::StructureSize {
+                what: "SMB2 READ request",
+                expected: 49,
+                found: 48,
+            },
+            Smb2Error::Truncated {
+                what: "x",
+                need: 2,
+                have: 1,
+            },
+            Smb2Error::Overlap {
+                what: "x",
+                first: "a",
+                second: "b",
+            },
+            Smb2Error::Misaligned {
+                what: "x",
+                field: "f",
+                offset: 3,
+            },
+            Smb2Error::Malformed {
+                what: "x",
+                field: "f",
+            },
+        ];
+        for e in invalid {
+            assert_eq!(
+                e.server_action(),
+                ServerAction::FailRequest(STATUS_INVALID_PARAMETER),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            Smb2Error::UnsupportedCommand {
+                command: Command::Lock
+            }
+            .server_action(),
+            ServerAction::FailRequest(STATUS_NOT_SUPPORTED)
+        );
+    }
+
+    #[test]
+    fn display_names_the_field_and_the_numbers() {
+        let e = Smb2Error::OutOfBounds {
+            what: "SMB2 CREATE request",
+            field: "NameOffset",
+            offset: 100,
+            length: 14,
+            min: 120,
+            limit: 200,
+        };
+        let s = e.to_string();
+        for part in ["CREATE", "NameOffset", "100", "14", "120", "200"] {
+            assert!(s.contains(part), "{s}");
+        }
+        assert_eq!(
+            Smb2Error::from(WireError::Truncated {
+                what: "w",
+                need: 2,
+                have: 1
+            }),
+            Smb2Error::Truncated {
+                what: "w",
+                need: 2,
+                have: 1
+            }
+        );
     }
 }

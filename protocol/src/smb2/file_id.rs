@@ -62,3 +62,24 @@ impl Scalar for FileId {
         self.to_bytes().write(b, f)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_id_is_persistent_then_volatile_little_endian() {
+        let f = FileId::new(0x0102_0304_0506_0708, 0x1112_1314_1516_1718);
+        assert_eq!(
+            f.to_bytes(),
+            [
+                0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13,
+                0x12, 0x11
+            ]
+        );
+        assert_eq!(FileId::from_bytes(f.to_bytes()), f);
+        assert!(FileId::ANY.is_any());
+        assert_eq!(FileId::ANY.to_bytes(), [0xFF; 16]);
+        assert!(!f.is_any());
+    }
+}

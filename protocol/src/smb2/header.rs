@@ -465,7 +465,8 @@ impl HeaderRepr {
     /// [MS-SMB2] 2.2.1 does not define.
     pub fn parse<T: AsRef<[u8]>>(h: &Header<T>) -> Result<HeaderRepr, Smb2Error> {
         let code = h.command();
-        let command = Command::from_wire(code).ok_or(Smb2Error::UnknownCommand { command: code })?;
+        let command =
+            Command::from_wire(code).ok_or(Smb2Error::UnknownCommand { command: code })?;
         let id = if h.is_async() {
             HeaderId::Async {
                 async_id: h.async_id(),
@@ -511,7 +512,10 @@ impl HeaderRepr {
         h.set_command(self.command.to_wire());
         h.set_credit(self.credit);
         let flags = match self.id {
-            HeaderId::Sync { process_id, tree_id } => {
+            HeaderId::Sync {
+                process_id,
+                tree_id,
+            } => {
                 h.set_process_id(process_id);
                 h.set_tree_id(tree_id);
                 self.flags.without(HeaderFlags::ASYNC_COMMAND)

@@ -172,14 +172,11 @@ pub(crate) fn room(what: &'static str, buf: &[u8], need: usize) -> Result<(), Sm
 }
 
 /// `v` as a wire integer of type `I`, or `TooLarge`.
-pub(crate) fn fit<I: TryFrom<usize> + Into<u64>>(
+pub(crate) fn fit<I: TryFrom<usize> + Bounded>(
     what: &'static str,
     field: &'static str,
     v: usize,
-) -> Result<I, Smb2Error>
-where
-    I: Bounded,
-{
+) -> Result<I, Smb2Error> {
     I::try_from(v).map_err(|_| Smb2Error::TooLarge {
         what,
         field,
@@ -211,5 +208,106 @@ pub(crate) const fn hdr(body_pos: usize) -> usize {
 pub(crate) fn put(buf: &mut [u8], at: usize, src: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + src.len()) {
         dst.copy_from_slice(src);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: &str = "test";
+
+    #[test]
+    fn empty_region_ignores_its_offset() {
+        assert_eq!(resolve(W, 10, 8, Region::new("X", u64::MAX, 0)), Ok(None));
+    }
+
+    #[test]
+    fn region_must_start_after_the_fixed_part_and_end_in_the_body() {
+        // Body of 40 bytes, fixed part 24: header offsets 88..104 are usable.
+        assert_eq!(
+            resolve(W, 40, 24, Region::new("X", 88, 16)),
+            Ok(Some(24..40))
+        );
+        assert!(matches!(
+            resolve(W, 40, 24, Region::new("X", 87, 1)),
+            Err(Smb2Error::OutOfBounds {
+                min: 88,
+                limit: 104,
+                ..
+            })
+        ));
+        assert!(resolve(W, 40, 24, Region::new("X", 88, 17)).is_err());
+        assert!(resolve(W, 40, 24, Region::new("X", u64::MAX, 2)).is_err());
+    }
+
+    #[test]
+    fn regions_that_share_a_byte_overlap_and_adjacent_ones_do_not() {
+        let a = Region::new("A", 88, 8);
+        assert!(resolve_all(W, 40, 24, [a, Region::new("B", 96, 8)]).is_ok());
+        assert_eq!(
+            resolve_all(W, 40, 24, [a, Region::new("B", 95, 8)]),
+            Err(Smb2Error::Overlap {
+                what: W,
+                first: "A",
+                second: "B"
+            })
+        );
+    }
+
+    #[test]
+    fn fixed_part_check_orders_structure_size_before_length() {
+        assert!(matches!(
+            check_fixed(W, &[9], 9),
+            Err(Smb2Error::Truncated { need: 8, .. })
+        ));
+        assert!(matches!(
+            check_fixed(W, &[8, 0], 9),
+            Err(Smb2Error::StructureSize {
+                expected: 9,
+                found: 8,
+                ..
+            })
+        ));
+        assert!(matches!(
+            check_fixed(W, &[9, 0, 0], 9),
+            Err(Smb2Error::Truncated {
+                need: 8,
+                have: 3,
+                ..
+            })
+        ));
+        assert_eq!(check_fixed(W, &[9, 0, 0, 0, 0, 0, 0, 0], 9), Ok(()));
+    }
+
+    #[test]
+    fn helpers_round_and_fit() {
+        assert_eq!(align8(0), 0);
+        assert_eq!(align8(1), 8);
+        assert_eq!(align8(8), 8);
+        assert_eq!(align8(usize::MAX), usize::MAX & !7);
+        assert_eq!(fit::<u16>(W, "F", 65535), Ok(65535));
+        assert_eq!(
+            fit::<u16>(W, "F", 65536),
+            Err(Smb2Error::TooLarge {
+                what: W,
+                field: "F",
+                value: 65536,
+                max: 65535
+            })
+        );
+        assert!(matches!(
+            room(W, &[0; 3], 4),
+            Err(Smb2Error::BufferTooSmall {
+                need: 4,
+                have: 3,
+                ..
+            })
+        ));
+        assert_eq!(slice(&[1, 2, 3, 4], 2, Region::new("X", 66, 2)), &[3, 4]);
+        assert_eq!(
+            slice(&[1, 2, 3, 4], 2, Region::new("X", 65, 2)),
+            &[] as &[u8]
+        );
     }
 }

@@ -73,6 +73,7 @@ mod utf16;
 mod validate_negotiate;
 mod write;
 
+pub use crate::sqos::Guid;
 pub use body::Smb2Body;
 pub use cancel::{CancelRequest, CancelRequestRepr};
 pub use channel::{Channel, ChannelInfo};
@@ -111,8 +112,9 @@ pub use negotiate::{
     NegotiateResponseRepr, SecurityMode,
 };
 pub use negotiate_context::{
-    EncryptionCapabilities, NegotiateContext, NegotiateContextIter, NegotiateContextList,
-    PreauthIntegrityCapabilities, RdmaTransformCapabilities, SigningCapabilities,
+    Cipher, EncryptionCapabilities, HashAlgorithm, NegotiateContext, NegotiateContextIter,
+    NegotiateContextList, NegotiateContextType, PreauthIntegrityCapabilities,
+    RdmaTransformCapabilities, RdmaTransformId, SigningAlgorithm, SigningCapabilities,
 };
 pub use read::{ReadFlags, ReadRequest, ReadRequestRepr, ReadResponse, ReadResponseRepr};
 pub use session_setup::{

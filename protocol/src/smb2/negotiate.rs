@@ -153,7 +153,10 @@ impl<T: AsRef<[u8]>> NegotiateRequest<T> {
     /// Dialects.
     pub fn dialects(&self) -> U16Array<'_> {
         let b = self.buffer.as_ref();
-        U16Array::from_le_bytes(b.get(req_field::DIALECTS..self.dialects_end()).unwrap_or(&[]))
+        U16Array::from_le_bytes(
+            b.get(req_field::DIALECTS..self.dialects_end())
+                .unwrap_or(&[]),
+        )
     }
 
     /// True when 0x0311 is among the dialects, which gives bytes 28..36 their
@@ -268,8 +271,9 @@ impl<'a> NegotiateRequestRepr<'a> {
             v.set_negotiate_context_offset(ctx_offset);
             v.set_negotiate_context_count(ctx_count);
         }
-        self.dialects
-            .write_to(&mut buf[req_field::DIALECTS..req_field::DIALECTS + self.dialects.byte_len()]);
+        self.dialects.write_to(
+            &mut buf[req_field::DIALECTS..req_field::DIALECTS + self.dialects.byte_len()],
+        );
         self.negotiate_contexts.write_to(&mut buf[ctx_start..]);
         Ok(len)
     }
@@ -376,7 +380,11 @@ impl<T: AsRef<[u8]>> NegotiateResponse<T> {
 
     /// The security buffer (GSS token).
     pub fn security_buffer(&self) -> &[u8] {
-        super::layout::slice(self.buffer.as_ref(), Self::FIXED_LEN, self.security_region())
+        super::layout::slice(
+            self.buffer.as_ref(),
+            Self::FIXED_LEN,
+            self.security_region(),
+        )
     }
 
     /// The negotiate contexts (empty unless DialectRevision is 0x0311).

@@ -248,10 +248,12 @@ impl<'a> NegotiateContext<'a> {
         }
     }
 
-    /// Length of Data as [`write_data`](Self::write_data) writes it.
+    /// Length of Data as `emit` writes it.
     pub fn data_len(&self) -> usize {
         match self {
-            NegotiateContext::PreauthIntegrity(p) => 4 + p.hash_algorithms.byte_len() + p.salt.len(),
+            NegotiateContext::PreauthIntegrity(p) => {
+                4 + p.hash_algorithms.byte_len() + p.salt.len()
+            }
             NegotiateContext::Encryption(e) => 2 + e.ciphers.byte_len(),
             NegotiateContext::Signing(s) => 2 + s.signing_algorithms.byte_len(),
             NegotiateContext::RdmaTransform(r) => 8 + r.transform_ids.byte_len(),
@@ -277,7 +279,11 @@ impl<'a> NegotiateContext<'a> {
         match self {
             NegotiateContext::PreauthIntegrity(p) => {
                 count_ok(&p.hash_algorithms, "SMB2_PREAUTH_INTEGRITY_CAPABILITIES")?;
-                fit::<u16>("SMB2_PREAUTH_INTEGRITY_CAPABILITIES", "SaltLength", p.salt.len())?;
+                fit::<u16>(
+                    "SMB2_PREAUTH_INTEGRITY_CAPABILITIES",
+                    "SaltLength",
+                    p.salt.len(),
+                )?;
             }
             NegotiateContext::Encryption(e) => {
                 count_ok(&e.ciphers, "SMB2_ENCRYPTION_CAPABILITIES")?;
