@@ -17,6 +17,7 @@
 //! refer to those entries by their heading.
 
 pub mod client;
+pub mod enforcement;
 mod guid;
 mod name;
 mod normalized_io;
