@@ -37,6 +37,8 @@ enum ProviderKind {
 enum UpperKind {
     /// Return every message to its sender (transport benchmark server).
     Echo,
+    /// SMB2 over SMB Direct: the `data` share from a memory store.
+    Smb2,
 }
 
 #[derive(Debug, Subcommand)]
@@ -132,8 +134,10 @@ struct ServeArgs {
     /// set it small).
     #[arg(long, default_value_t = 10_000)]
     idle_park_us: u64,
-    /// Upper layer handed each reassembled message (SMB2 comes with the
-    /// SMB2+QoS data path; until then `echo` is the only one).
+    /// Upper layer handed each reassembled message: `echo` (transport
+    /// benchmark server, also RDMA echo) or `smb2` (SMB2 over SMB Direct,
+    /// anonymous/guest sessions only, in-memory share `data`; authentication
+    /// and Storage QoS enforcement are not wired yet).
     #[arg(long, value_enum, default_value_t = UpperKind::Echo)]
     upper: UpperKind,
     /// Admin socket path [default: /run/smbdirectd/smbdirectd-PORT.sock].
@@ -284,6 +288,7 @@ fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, upper: UpperKind
         .collect();
     let server = match upper {
         UpperKind::Echo => start(provider, cfg, || Echo),
+        UpperKind::Smb2 => start(provider, cfg, smbdirect_dataplane::smb2::Smb2Server::new),
     };
     let server = match server {
         Ok(s) => s,

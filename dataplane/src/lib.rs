@@ -6,5 +6,6 @@ pub mod client;
 pub mod endpoint;
 pub mod planes;
 pub mod provider;
+pub mod smb2;
 pub mod upper;
 pub mod worker;
