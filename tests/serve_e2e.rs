@@ -36,7 +36,7 @@ fn cfg() -> SmbdConfig {
 #[test]
 fn serve_echoes_1_byte_to_max_fragmented_size_and_returns_every_buffer() {
     let _serial = serial();
-    let port = 47_101;
+    let port = free_port();
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider);
@@ -85,7 +85,7 @@ fn serve_echoes_1_byte_to_max_fragmented_size_and_returns_every_buffer() {
 #[test]
 fn workers_are_pinned_to_the_requested_cores_and_cp_is_not_on_them() {
     let _serial = serial();
-    let port = 47_102;
+    let port = free_port();
     let d = spawn(port, &[]);
     let pid = d.child.id();
     let mut found = 0;
@@ -123,7 +123,7 @@ fn capture_of_a_session_decodes_in_tshark_with_the_values_sent() {
         eprintln!("skipped: tshark not installed (apt-get install tshark)");
         return;
     }
-    let port = 47_103;
+    let port = free_port();
     let pcap = format!("/tmp/smbdirectd-capture-{port}.pcap");
     let _ = std::fs::remove_file(&pcap);
     let d = spawn(port, &["--capture", &pcap]);
@@ -234,7 +234,7 @@ fn capture_of_a_session_decodes_in_tshark_with_the_values_sent() {
 #[test]
 fn idle_connection_gets_keepalives_and_stays_up() {
     let _serial = serial();
-    let port = 47_104;
+    let port = free_port();
     let d = spawn(port, &["--keepalive-interval", "1"]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider);
@@ -275,7 +275,7 @@ fn sixty_four_connections_over_two_workers_one_violator_is_cut_off_alone() {
     let _serial = serial();
     use smbdirect_dataplane::provider::{QueuePair, SendOp, SendWr};
     use smbdirect_hugepages::{ClassId, SizeClass};
-    let port = 47_105;
+    let port = free_port();
     let d = spawn(
         port,
         &[
@@ -418,7 +418,7 @@ fn serve_over_verbs_echoes_and_returns_every_buffer() {
         return;
     }
     let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = 47_106;
+    let port = free_port();
     let listen = format!("{ip}:{port}");
     let d = spawn(
         port,
@@ -537,7 +537,7 @@ fn serve_over_verbs_echoes_and_returns_every_buffer() {
 fn silent_peer_is_dropped_by_the_5s_negotiation_timer_and_unanswered_keepalives_end_a_connection() {
     use smbdirect_dataplane::provider::{CompletionQueue, QpCaps};
     let _serial = serial();
-    let port = 47_107;
+    let port = free_port();
     let d = spawn(port, &["--keepalive-interval", "1"]);
     let provider = SoftProvider::new().unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();

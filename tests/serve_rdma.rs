@@ -210,7 +210,7 @@ fn verified_echo(
 #[test]
 fn rdma_echo_moves_1_byte_to_8_mib_through_1_2_and_16_descriptors_byte_for_byte() {
     let _serial = serial();
-    let port = 47_201;
+    let port = free_port();
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider, 1);
@@ -254,7 +254,7 @@ fn rdma_echo_moves_1_byte_to_8_mib_through_1_2_and_16_descriptors_byte_for_byte(
 #[test]
 fn rdma_echo_of_exactly_max_read_write_size_8_mib_works_and_one_byte_more_is_refused() {
     let _serial = serial();
-    let port = 47_202;
+    let port = free_port();
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider, 1);
@@ -306,7 +306,7 @@ fn verified_echo_exact(c: &mut Client<SoftProvider>, src: BufId, dst: BufId, len
 #[test]
 fn rdma_reads_beyond_a_small_ord_are_queued_and_every_byte_still_arrives() {
     let _serial = serial();
-    let port = 47_203;
+    let port = free_port();
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider, 1);
@@ -329,7 +329,7 @@ fn rdma_reads_beyond_a_small_ord_are_queued_and_every_byte_still_arrives() {
 #[test]
 fn malformed_rdma_requests_are_answered_invalid_parameter_and_the_connection_stays_up() {
     let _serial = serial();
-    let port = 47_204;
+    let port = free_port();
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider, 1);
@@ -412,7 +412,7 @@ fn wait_for_end(c: &mut Client<SoftProvider>, what: &str) -> ClientError {
 #[test]
 fn send_with_invalidate_reply_names_the_first_write_token_and_that_grant_is_dead() {
     let _serial = serial();
-    let port = 47_205;
+    let port = free_port();
     let d = spawn(port, &[]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider, 1);
@@ -480,7 +480,7 @@ fn send_with_invalidate_reply_names_the_first_write_token_and_that_grant_is_dead
 #[test]
 fn bad_or_revoked_token_ends_only_that_connection_and_every_buffer_comes_back() {
     let _serial = serial();
-    let port = 47_206;
+    let port = free_port();
     let d = spawn(port, &[]);
     // Baseline: the pool before any connection (the worker's receive loans
     // are out already; wait until two readings agree).

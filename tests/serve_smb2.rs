@@ -189,7 +189,7 @@ fn descs(g: &[Grant]) -> Vec<BufferDescriptorRepr> {
 #[test]
 fn smb2_negotiate_session_tree_create_read_write_inline_and_rdma_close() {
     let _serial = serial();
-    let port = 47_301;
+    let port = free_port();
     let d = spawn(port, &["--upper", "smb2"]);
     let provider = SoftProvider::new().unwrap();
     let (pool, mr) = client_pool(&provider);

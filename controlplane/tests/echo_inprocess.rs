@@ -36,7 +36,8 @@ fn server_config(port: u16) -> ServerConfig {
 #[test]
 fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
-    let cfg = server_config(47_001);
+    // Port 0: the soft provider picks a free one (local_addr tells which).
+    let cfg = server_config(0);
     let server = start(provider.clone(), cfg, || Echo).expect("server starts");
     let addr = server.local_addr();
 

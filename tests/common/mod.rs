@@ -147,3 +147,23 @@ pub fn terminate(d: Daemon) -> (String, String) {
     assert!(!err.contains("panicked"), "daemon panicked:\n{err}");
     (out, err)
 }
+
+/// A listen port no other server on this host is using right now (two test
+/// runs may share a machine): probes the soft provider's rendezvous name for
+/// the port, which is what `serve --provider soft` binds.
+pub fn free_port() -> u16 {
+    use std::os::linux::net::SocketAddrExt;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 20_000) as u16;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 5_000;
+        let name = format!("smbdirectd-soft/127.0.0.1:{port}");
+        let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()) else {
+            continue;
+        };
+        if std::os::unix::net::UnixListener::bind_addr(&addr).is_ok() {
+            return port;
+        }
+    }
+}
