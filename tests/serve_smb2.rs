@@ -515,16 +515,28 @@ fn smb2_negotiate_session_tree_create_read_write_inline_and_rdma_close() {
     assert_eq!(read_back, payload);
 
     // A Command code [MS-SMB2] 2.2.1 does not define: the server
-    // disconnects without a response (Smb2Error::server_action).
+    // disconnects without a response (Smb2Error::server_action, 3.3.5.2).
     let h = s.request(Command::Echo, 1);
     let mut buf = vec![0u8; HEADER_LEN + 4];
     let n = emit_message(&h, &EchoRequestRepr, &mut buf).unwrap();
     Header::new_unchecked(&mut buf[..]).set_command(0x0099);
     s.send_raw(&buf[..n]);
     assert!(s.recv(Duration::from_millis(500)).is_none(), "no response");
-
-    let doc = stats_json(&d);
-    assert_eq!(field(&doc, "rdma_errors"), 0, "{doc}");
+    // The connection is terminated and counted as a peer protocol error.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let doc = stats_json(&d);
+        if field(&doc, "protocol_errors") == 1 && field(&doc, "connections") == 0 {
+            assert_eq!(field(&doc, "rdma_errors"), 0, "{doc}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not disconnected: {doc}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = s.c.close(Duration::from_secs(2));
-    terminate(d);
+    let (_out, err) = terminate(d);
+    assert!(err.contains("upper-layer protocol violation"), "{err}");
 }

@@ -1519,6 +1519,7 @@ mod tests {
             rdma: r.ep.rdma.as_mut(),
             max_read_write: 1 << 20,
             completing,
+            disconnect: false,
         };
         let res = f(&mut out);
         let rdma = r.ep.rdma.as_mut().unwrap();

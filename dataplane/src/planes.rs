@@ -49,6 +49,9 @@ pub enum CloseReason {
     Provider(crate::provider::WcStatus),
     /// The worker had no room for it.
     Capacity,
+    /// The upper layer asked for it (the peer broke the upper-layer
+    /// protocol in a way that calls for a disconnect).
+    UpperLayer,
     /// Shut down.
     Shutdown,
 }
@@ -62,6 +65,9 @@ impl core::fmt::Display for CloseReason {
             }
             CloseReason::Provider(s) => write!(f, "RDMA error {s:?}"),
             CloseReason::Capacity => f.write_str("worker at its connection limit"),
+            CloseReason::UpperLayer => {
+                f.write_str("the upper layer disconnected it (upper-layer protocol violation)")
+            }
             CloseReason::Shutdown => f.write_str("shutdown"),
         }
     }

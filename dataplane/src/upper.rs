@@ -188,9 +188,19 @@ pub struct Replies<'a> {
     pub(crate) max_read_write: u32,
     /// Inside `on_rdma_complete`: the op being completed.
     pub(crate) completing: Option<usize>,
+    /// Set by [`Replies::disconnect`].
+    pub(crate) disconnect: bool,
 }
 
 impl Replies<'_> {
+    /// Asks the worker to terminate this connection once the replies queued
+    /// so far are handed to the transport (e.g. [MS-SMB2] 3.3.5.2: a request
+    /// the server must answer by disconnecting). The worker logs it as a
+    /// peer protocol violation and returns every buffer.
+    pub fn disconnect(&mut self) {
+        self.disconnect = true;
+    }
+
     /// Queues a reply of `len` bytes written by `fill`.
     pub fn reply(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), Backpressure> {
         self.queue(len, None, fill)

@@ -437,9 +437,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         rdma: slot.ep.rdma_mut(),
                         max_read_write,
                         completing: Some(op.slot),
+                        disconnect: false,
                     };
                     let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
                     let count = out.count;
+                    if out.disconnect {
+                        slot.closing.get_or_insert(CloseReason::UpperLayer);
+                    }
                     let ok = settle(
                         &mut slot.ep,
                         &mut self.alloc,
@@ -471,9 +475,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         rdma,
                         max_read_write,
                         completing: None,
+                        disconnect: false,
                     };
                     let r = self.upper.on_message(slot.conn, msg, &mut out);
                     let count = out.count;
+                    if out.disconnect {
+                        slot.closing.get_or_insert(CloseReason::UpperLayer);
+                    }
                     let ok = settle(
                         &mut slot.ep,
                         &mut self.alloc,
@@ -565,7 +573,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         }
         let slot = self.slots[i].take().expect("slot present");
         self.by_qp.remove(&slot.ep.qp().id());
-        let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation());
+        let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation())
+            || reason == CloseReason::UpperLayer;
         if peer_violation {
             WorkerStats::add(&self.stats.protocol_errors, 1);
         } else if matches!(reason, CloseReason::Provider(s) if s != WcStatus::Flushed && s != WcStatus::Success)

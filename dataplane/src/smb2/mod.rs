@@ -17,7 +17,7 @@
 //!   responses of that compound are sent before it as their own message;
 //! - "disconnect" outcomes of [`Smb2Error::server_action`] cannot close the
 //!   connection yet (the worker's `Replies` has no close request): the
-//!   connection is marked dead and gets no further response;
+//!   connection is disconnected (`Replies::disconnect`);
 //! - a reply that meets backpressure after the request changed state is
 //!   kept and resent on the retry (inline path); the RDMA path re-executes
 //!   on retry (its state changes are idempotent except credit accounting).
@@ -826,9 +826,10 @@ impl UpperLayer for Smb2Server {
             }
         }
         let result = if disconnect {
-            // No close request exists in `Replies` yet: go silent.
-            eprintln!("smbdirectd: smb2: connection {conn}: request calls for a disconnect; no further responses");
+            // [MS-SMB2] 3.3.5.2: the request calls for a disconnect; the
+            // worker terminates the connection (and the control plane logs it).
             c.dead = true;
+            out.disconnect();
             Ok(())
         } else {
             let mut res = Ok(());
