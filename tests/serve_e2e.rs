@@ -9,7 +9,6 @@ use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::{MemoryRegion, Provider};
 use smbdirect_hugepages::{Backing, BufferPool, PoolConfig};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -18,10 +17,8 @@ fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
         .backing(Backing::SharedMemfd)
         .build()
         .unwrap();
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool lives for the whole test, longer than the provider uses it.
-    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
-        .unwrap();
+    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
     (pool, mr)
 }
 
@@ -296,10 +293,8 @@ fn sixty_four_connections_over_two_workers_one_violator_is_cut_off_alone() {
         .backing(Backing::SharedMemfd)
         .build()
         .unwrap();
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool lives for the whole test.
-    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
-        .unwrap();
+    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     let t0 = Instant::now();
     let mut clients: Vec<_> = (0..N)

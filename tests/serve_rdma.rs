@@ -19,7 +19,6 @@ use smbdirect_dataplane::upper::{parse_rdma_done, rdma_echo_request, RDMA_ECHO_I
 use smbdirect_hugepages::{Backing, BufId, BufferPool, PoolConfig, SizeClass};
 use smbdirect_protocol::ntstatus::{NtStatus, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 // ---- the daemon (helpers as in serve_e2e.rs) --------------------------------
@@ -52,10 +51,8 @@ fn client_pool(provider: &SoftProvider, slices: usize) -> (BufferPool, MemoryReg
         .backing(Backing::SharedMemfd)
         .build()
         .unwrap();
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool lives for the whole test, longer than the provider uses it.
-    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
-        .unwrap();
+    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
     (pool, mr)
 }
 

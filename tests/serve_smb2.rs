@@ -16,7 +16,6 @@ use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::*;
 use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 fn cfg() -> SmbdConfig {
@@ -36,10 +35,8 @@ fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
         .backing(Backing::SharedMemfd)
         .build()
         .unwrap();
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool outlives the provider's use of it (whole test).
-    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
-        .unwrap();
+    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
     (pool, mr)
 }
 

@@ -14,7 +14,6 @@ use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{Backing, PoolConfig};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,10 +84,8 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
     .backing(Backing::SharedMemfd)
     .build()
     .map_err(|e| e.to_string())?;
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool outlives every use of the registration in this run.
-    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
-        .map_err(|e| e.to_string())?;
+    let mr = unsafe { provider.register_pool(&pool) }.map_err(|e| e.to_string())?;
     if let Some(c) = opts.client_core {
         core_affinity::set_for_current(core_affinity::CoreId { id: c });
     }

@@ -18,7 +18,6 @@ use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, Negotiat
 use smbdirect_protocol::smbd::SmbdConfig;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -182,12 +181,10 @@ pub fn start<P: Provider, U: UpperLayer>(
     .backing(Backing::SharedMemfd)
     .build()
     .map_err(|e| ServerError::Pool(e.to_string()))?;
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool's region stays mapped for as long as the pool (and
     // every clone of it, held by the workers and stats) lives, which outlives
     // the provider's use of the registration.
-    let mr = unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
-        .map_err(ServerError::Provider)?;
+    let mr = unsafe { provider.register_pool(&pool) }.map_err(ServerError::Provider)?;
     let mut listener = provider.listen(cfg.listen).map_err(ServerError::Provider)?;
     let local_addr = listener.local_addr();
     let caps = cfg.qp_caps();

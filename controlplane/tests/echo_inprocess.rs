@@ -8,7 +8,6 @@ use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{Backing, PoolConfig};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,10 +44,8 @@ fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
         .backing(Backing::SharedMemfd)
         .build()
         .expect("client pool");
-    let shared = cpool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool outlives the provider's use of it in this test.
-    let mr = unsafe { provider.register(cpool.region_base().as_ptr(), cpool.region_len(), shared) }
-        .unwrap();
+    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
     let ccfg = SmbdConfig {
         receive_credit_max: 32,
         send_credit_target: 32,

@@ -33,7 +33,6 @@ use smbdirect_protocol::smbd::SmbdConfig;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
 use std::cell::Cell;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -303,11 +302,9 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
         .backing(Backing::SharedMemfd)
         .build()
         .expect("client pool");
-    let shared = cpool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
     // SAFETY: the pool outlives the provider's use of it in this test (the
     // server is shut down and the client closed before it drops).
-    let mr = unsafe { provider.register(cpool.region_base().as_ptr(), cpool.region_len(), shared) }
-        .expect("register the client pool");
+    let mr = unsafe { provider.register_pool(&cpool) }.expect("register the client pool");
     let mut client = Client::connect(
         &*provider,
         server.local_addr(),

@@ -142,11 +142,10 @@ struct Mem {
 
 fn mem(p: &SoftProvider, len: usize, backing: Backing) -> Mem {
     let pool = shared_pool(len, backing);
-    let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0));
     // SAFETY: the pool outlives every provider in these tests (each test
     // declares its memory before its providers... or drops the providers
     // first explicitly).
-    let mr = unsafe { p.register(pool.region_base().as_ptr(), pool.region_len(), shared) }.unwrap();
+    let mr = unsafe { p.register_pool(&pool) }.unwrap();
     Mem { pool, mr }
 }
 

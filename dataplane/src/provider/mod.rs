@@ -425,6 +425,23 @@ pub trait Provider: Send + Sync + 'static {
         shared: Option<(std::os::fd::RawFd, u64)>,
     ) -> Result<MemoryRegion, ProviderError>;
 
+    /// Registers the whole region of a buffer pool, passing its memfd (when
+    /// the pool is memfd-backed) so that the soft provider can let peer
+    /// processes reach granted bytes. The one place pools meet `register`.
+    ///
+    /// # Safety
+    /// `pool` (or a clone of it, which shares the mapping) must outlive every
+    /// use of the returned registration.
+    unsafe fn register_pool(
+        &self,
+        pool: &smbdirect_hugepages::BufferPool,
+    ) -> Result<MemoryRegion, ProviderError> {
+        use std::os::fd::AsRawFd;
+        let shared = pool.shared_fd().map(|fd| (fd.as_raw_fd(), 0u64));
+        // SAFETY: forwarded to the caller (see above).
+        unsafe { self.register(pool.region_base().as_ptr(), pool.region_len(), shared) }
+    }
+
     /// Creates a completion queue with room for `entries` completions.
     fn create_cq(&self, entries: u32) -> Result<Self::Cq, ProviderError>;
 
