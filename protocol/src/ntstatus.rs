@@ -98,6 +98,18 @@ statuses! {
     /// [MS-SMB2] 3.3.4.4: READ/IOCTL output truncated to the client's limit
     /// (a warning: the command's response body is still sent).
     STATUS_BUFFER_OVERFLOW = 0x8000_0005;
+    /// SMB2 object path not found (a parent directory is missing).
+    STATUS_OBJECT_PATH_NOT_FOUND = 0xC000_003A;
+    /// SMB2 object name invalid.
+    STATUS_OBJECT_NAME_INVALID = 0xC000_0033;
+    /// A file operation on a directory.
+    STATUS_FILE_IS_A_DIRECTORY = 0xC000_00BA;
+    /// A directory operation on a file.
+    STATUS_NOT_A_DIRECTORY = 0xC000_0103;
+    /// An I/O error the store cannot name more precisely.
+    STATUS_UNEXPECTED_IO_ERROR = 0xC000_00E9;
+    /// Directory not empty (delete of a non-empty directory).
+    STATUS_DIRECTORY_NOT_EMPTY = 0xC000_0101;
 }
 
 #[cfg(test)]

@@ -22,14 +22,15 @@
 //!   kept and resent on the retry (inline path); the RDMA path re-executes
 //!   on retry (its state changes are idempotent except credit accounting).
 
-pub mod store;
+mod oldstore;
+pub mod store; // first-slice store, replaced by store::Store implementations
 
 use crate::planes::ConnId;
 use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperLayer};
+use oldstore::{MemStore, StoreError, DEFAULT_STORE_BYTES};
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::*;
 use std::collections::HashMap;
-use store::{MemStore, StoreError, DEFAULT_STORE_BYTES};
 
 /// Credits a connection may hold outstanding.
 pub const MAX_CREDITS: u32 = 512;

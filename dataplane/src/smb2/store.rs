@@ -1,108 +1,213 @@
-//! The memory store behind the `data` share: a bounded map of file name to
-//! contents. First slice: files are plain `Vec<u8>`s that grow on CREATE and
-//! WRITE (allocation on the I/O path, accepted for now); the pool-backed
-//! store sized by `--store-size` is next.
+//! The stores behind a share, as the SMB2 layer of one worker sees them.
+//!
+//! Every operation may complete at once or later: a worker never blocks.
+//! The caller names each operation with a [`Tag`] (unique among its
+//! operations in flight on this store handle). An operation that returns
+//! [`Poll::Pending`] is finished in the background (the directory store's
+//! io_uring); [`Store::poll`] reports its tag once it has completed, and the
+//! caller then repeats *the same call with the same tag and arguments* to
+//! collect the result ([`Poll::Ready`]), which also forgets the tag. A store
+//! that always completes at once (the memory store) never returns `Pending`.
+//! [`Store::cancel`] forgets a tag whose result will never be collected (its
+//! connection closed); a background operation still finishes, its result is
+//! dropped.
+//!
+//! Reads are two-step so the data can land directly in a reply or an RDMA
+//! buffer: [`Store::read`] makes `len` bytes at `offset` ready (returns how
+//! many exist), then [`Store::copy_out`] copies them into the destination and
+//! forgets the tag.
+//!
+//! Paths are share-relative, components separated by `\` (as on the wire,
+//! [MS-SMB2] 2.2.13), already checked by [`valid_path`]; the empty path is
+//! the share root. Stores must confine every path to their root.
 
-use std::collections::HashMap;
+/// Names one operation of one caller (the SMB2 layer packs connection and
+/// request into it).
+pub type Tag = u64;
 
-/// Default bound on the bytes all files of one store may hold.
-pub const DEFAULT_STORE_BYTES: u64 = 256 << 20;
+/// Default bound of the memory store (`--store-size`).
+pub const DEFAULT_STORE_BYTES: u64 = 1 << 30;
 
-/// Why a store operation failed.
+/// Why a store operation failed. [`StoreError::status`] maps each to the
+/// NTSTATUS the SMB2 layer answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreError {
-    /// No such file.
+    /// No such file or directory (STATUS_OBJECT_NAME_NOT_FOUND).
     NotFound,
-    /// The store's byte bound would be exceeded.
+    /// A parent directory does not exist (STATUS_OBJECT_PATH_NOT_FOUND).
+    PathNotFound,
+    /// Exists, and the disposition forbids that (STATUS_OBJECT_NAME_COLLISION).
+    Exists,
+    /// The store's byte bound would be exceeded, or the disk is full
+    /// (STATUS_DISK_FULL).
     Full,
+    /// A file was expected and this is a directory (STATUS_FILE_IS_A_DIRECTORY).
+    IsADirectory,
+    /// A directory was expected (STATUS_NOT_A_DIRECTORY).
+    NotADirectory,
+    /// The path is not acceptable or would leave the root
+    /// (STATUS_OBJECT_NAME_INVALID).
+    InvalidName,
+    /// The handle is stale (STATUS_FILE_CLOSED).
+    Closed,
+    /// Too many operations in flight or open files (STATUS_INSUFFICIENT_RESOURCES).
+    Busy,
+    /// Any other operating-system error, as errno (STATUS_UNEXPECTED_IO_ERROR,
+    /// or the closest match).
+    Io(i32),
 }
 
-/// A bounded in-memory file map (names are case-sensitive).
-#[derive(Debug)]
-pub struct MemStore {
-    files: HashMap<String, Vec<u8>>,
-    used: u64,
-    limit: u64,
+/// What CREATE asks for ([MS-SMB2] 2.2.13 CreateDisposition).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Replace if it exists, else create.
+    Supersede,
+    /// Open if it exists, else fail.
+    Open,
+    /// Fail if it exists, else create.
+    Create,
+    /// Open if it exists, else create.
+    OpenIf,
+    /// Truncate if it exists, else fail.
+    Overwrite,
+    /// Truncate if it exists, else create.
+    OverwriteIf,
 }
 
-impl MemStore {
-    /// An empty store holding at most `limit` bytes.
-    pub fn new(limit: u64) -> Self {
-        MemStore {
-            files: HashMap::new(),
-            used: 0,
-            limit,
+/// What CREATE did ([MS-SMB2] 2.2.14 CreateAction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Replaced.
+    Superseded,
+    /// Opened.
+    Opened,
+    /// Created.
+    Created,
+    /// Truncated.
+    Overwritten,
+}
+
+/// Attributes and times of a file, as CREATE and CLOSE report them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileInfo {
+    /// End of file, bytes.
+    pub size: u64,
+    /// Allocation size, bytes.
+    pub allocation: u64,
+    /// A directory.
+    pub is_dir: bool,
+    /// Times as FILETIME (100 ns since 1601-01-01 UTC).
+    pub creation_time: u64,
+    /// Last access.
+    pub last_access_time: u64,
+    /// Last write.
+    pub last_write_time: u64,
+    /// Last change.
+    pub change_time: u64,
+}
+
+/// An open file of a store (the store's own index; opaque to callers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle(pub u64);
+
+/// The result of a store operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll<T> {
+    /// Done (the tag is forgotten, except after [`Store::read`], which
+    /// [`Store::copy_out`] completes).
+    Ready(Result<T, StoreError>),
+    /// Running in the background; [`Store::poll`] reports the tag.
+    Pending,
+}
+
+/// CREATE parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenRequest<'a> {
+    /// Share-relative path ("" is the root).
+    pub path: &'a str,
+    /// Disposition.
+    pub disposition: Disposition,
+    /// FILE_DIRECTORY_FILE: must be (or create) a directory.
+    pub directory: bool,
+    /// FILE_NON_DIRECTORY_FILE: must not be a directory.
+    pub non_directory: bool,
+}
+
+/// A store as one worker uses it. Not shared between threads: each worker
+/// gets its own handle from a [`StoreFactory`] (the data behind the handles
+/// is shared).
+pub trait Store: Send + 'static {
+    /// CREATE ([MS-SMB2] 3.3.5.9): open or create per disposition.
+    fn open(&mut self, tag: Tag, req: &OpenRequest<'_>) -> Poll<(Handle, Action, FileInfo)>;
+    /// Current attributes of an open file.
+    fn stat(&mut self, tag: Tag, h: Handle) -> Poll<FileInfo>;
+    /// Makes up to `len` bytes at `offset` ready; returns how many exist
+    /// (fewer at the end of the file, 0 at or past it).
+    fn read(&mut self, tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<u32>;
+    /// Copies the bytes a Ready [`Store::read`] with this tag made ready into
+    /// `dst` (`dst.len()` ≤ what it returned) and forgets the tag.
+    fn copy_out(&mut self, tag: Tag, h: Handle, offset: u64, dst: &mut [u8]);
+    /// Writes `data` at `offset` (growing the file, zero-filled), returns
+    /// the bytes written. On a repeated call after `Pending`, `data` is
+    /// ignored (the store copied it on the first call).
+    fn write(&mut self, tag: Tag, h: Handle, offset: u64, data: &[u8]) -> Poll<u32>;
+    /// Sets the end of file.
+    fn truncate(&mut self, tag: Tag, h: Handle, size: u64) -> Poll<()>;
+    /// FLUSH: makes written data durable (no-op for memory).
+    fn flush(&mut self, tag: Tag, h: Handle) -> Poll<()>;
+    /// Closes an open file (never fails, never blocks; a directory store
+    /// may finish the close in the background).
+    fn close(&mut self, h: Handle);
+    /// Reaps finished background operations, calling `done` with each tag.
+    /// Cheap when nothing is in flight.
+    fn poll(&mut self, done: &mut dyn FnMut(Tag));
+    /// Forgets `tag` (its result will not be collected).
+    fn cancel(&mut self, tag: Tag);
+    /// Operations in flight.
+    fn in_flight(&self) -> usize;
+    /// Bytes used and the bound (None: unbounded, e.g. a directory).
+    fn usage(&self) -> (u64, Option<u64>);
+}
+
+/// Makes one [`Store`] handle per worker.
+pub trait StoreFactory: Send + Sync + 'static {
+    /// The handle worker `index` uses.
+    fn handle(&self, worker: usize) -> Box<dyn Store>;
+    /// For logs and `stats`: "mem (1 GiB)" or the directory.
+    fn describe(&self) -> String;
+}
+
+impl StoreError {
+    /// The NTSTATUS an SMB2 server answers with.
+    pub fn status(self) -> smbdirect_protocol::ntstatus::NtStatus {
+        use smbdirect_protocol::ntstatus::*;
+        match self {
+            StoreError::NotFound => STATUS_OBJECT_NAME_NOT_FOUND,
+            StoreError::PathNotFound => STATUS_OBJECT_PATH_NOT_FOUND,
+            StoreError::Exists => STATUS_OBJECT_NAME_COLLISION,
+            StoreError::Full => STATUS_DISK_FULL,
+            StoreError::IsADirectory => STATUS_FILE_IS_A_DIRECTORY,
+            StoreError::NotADirectory => STATUS_NOT_A_DIRECTORY,
+            StoreError::InvalidName => STATUS_OBJECT_NAME_INVALID,
+            StoreError::Closed => STATUS_FILE_CLOSED,
+            StoreError::Busy => STATUS_INSUFFICIENT_RESOURCES,
+            StoreError::Io(libc::ENOSPC) => STATUS_DISK_FULL,
+            StoreError::Io(libc::EACCES) | StoreError::Io(libc::EPERM) => STATUS_ACCESS_DENIED,
+            StoreError::Io(_) => STATUS_UNEXPECTED_IO_ERROR,
         }
-    }
-
-    /// True when `name` exists.
-    pub fn exists(&self, name: &str) -> bool {
-        self.files.contains_key(name)
-    }
-
-    /// Creates `name` empty, or truncates it to zero bytes.
-    pub fn create_or_truncate(&mut self, name: &str) {
-        match self.files.get_mut(name) {
-            Some(f) => {
-                self.used -= f.len() as u64;
-                f.clear();
-            }
-            None => {
-                self.files.insert(name.to_string(), Vec::new());
-            }
-        }
-    }
-
-    /// Size of `name`.
-    pub fn size(&self, name: &str) -> Option<u64> {
-        self.files.get(name).map(|f| f.len() as u64)
-    }
-
-    /// Bytes of `name` from `offset`, at most `len` (fewer at the end of the
-    /// file; empty at or past it).
-    pub fn read(&self, name: &str, offset: u64, len: usize) -> Result<&[u8], StoreError> {
-        let f = self.files.get(name).ok_or(StoreError::NotFound)?;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(f.len());
-        let end = start.saturating_add(len).min(f.len());
-        Ok(&f[start..end])
-    }
-
-    /// Writes `data` at `offset`, growing the file (zero-filled) as needed.
-    pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        let f = self.files.get_mut(name).ok_or(StoreError::NotFound)?;
-        let end = offset
-            .checked_add(data.len() as u64)
-            .ok_or(StoreError::Full)?;
-        let old = f.len() as u64;
-        if end > old {
-            if self.used + (end - old) > self.limit {
-                return Err(StoreError::Full);
-            }
-            f.resize(end as usize, 0);
-            self.used += end - old;
-        }
-        f[offset as usize..end as usize].copy_from_slice(data);
-        Ok(())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn write_read_truncate_and_bound() {
-        let mut s = MemStore::new(100);
-        assert_eq!(s.write("a", 0, b"x"), Err(StoreError::NotFound));
-        s.create_or_truncate("a");
-        s.write("a", 10, b"hello").unwrap();
-        assert_eq!(s.size("a"), Some(15));
-        assert_eq!(s.read("a", 8, 4).unwrap(), b"\0\0he");
-        assert_eq!(s.read("a", 100, 4).unwrap(), b"");
-        assert_eq!(s.write("a", 96, b"12345"), Err(StoreError::Full));
-        s.create_or_truncate("a");
-        assert_eq!(s.size("a"), Some(0));
-        s.write("a", 95, b"12345").unwrap();
-        assert!(!s.exists("A"));
-    }
+/// A share-relative path as CREATE may name it: no leading `\`, no empty,
+/// `.` or `..` components, no `:` (streams), `/` or NUL, at most 255 UTF-16
+/// code units per component. The empty path (the root) is valid.
+pub fn valid_path(path: &str) -> bool {
+    path.is_empty()
+        || path.split('\\').all(|c| {
+            !c.is_empty()
+                && c != "."
+                && c != ".."
+                && c.encode_utf16().count() <= 255
+                && !c.contains([':', '/', '\0'])
+        })
 }
