@@ -1,10 +1,15 @@
 //! `smbdirectd`: wires the command line to the crates.
 
+mod qos_cli;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use smbdirect_controlplane::{admin, cores, signals, start, ServerConfig};
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
 use smbdirect_dataplane::provider::Provider;
+use smbdirect_controlplane::qos_policy::PolicyStore;
+use smbdirect_dataplane::smb2::store::{DirStoreFactory, MemStoreFactory, StoreFactory};
+use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
 use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{parse_size, HugepageInfo};
 use smbdirect_protocol::smbd::SmbdConfig;
@@ -58,9 +63,20 @@ enum Command {
         #[arg(long, default_value_t = 445)]
         port: u16,
     },
+    /// Storage QoS ([MS-SQOS]) of a running daemon, over its admin socket:
+    /// add, remove and list policies; show flows (docs/qos.md).
+    Qos {
+        #[command(subcommand)]
+        cmd: qos_cli::QosCommand,
+    },
     /// List usable providers, RDMA devices and ports, hugepages, and what
     /// `--provider auto` would choose.
     Devices,
+    /// Load generator and latency meter: drive a running `serve`
+    /// (`--connect`) or one started in this process (`--loopback`) with a
+    /// workload; print ops/s, MB/s and latency percentiles, optionally as
+    /// JSON, HdrHistogram text and an SVG plot (README.md, "Benchmarks").
+    Bench(smbdirect_benches::bench::BenchArgs),
     /// The main job on a machine without RDMA hardware: `serve` (control
     /// plane + a pinned worker, echo upper layer) on the soft RDMA provider
     /// and an SMB Direct client on another core, exchanging echo round trips;
@@ -134,12 +150,35 @@ struct ServeArgs {
     /// set it small).
     #[arg(long, default_value_t = 10_000)]
     idle_park_us: u64,
-    /// Upper layer handed each reassembled message: `echo` (transport
-    /// benchmark server, also RDMA echo) or `smb2` (SMB2 over SMB Direct,
-    /// anonymous/guest sessions only, in-memory share `data`; authentication
-    /// and Storage QoS enforcement are not wired yet).
-    #[arg(long, value_enum, default_value_t = UpperKind::Echo)]
+    /// Upper layer handed each reassembled message: `smb2` (SMB2 over SMB
+    /// Direct with Storage QoS; sessions are anonymous/guest only — no
+    /// authentication yet) or `echo` (transport benchmark server, also RDMA
+    /// echo).
+    #[arg(long, value_enum, default_value_t = UpperKind::Smb2)]
     upper: UpperKind,
+    /// The share's store: `mem` (memory, bounded by --store-size, shared by
+    /// all workers) or a directory (files under it, read and written through
+    /// io_uring; paths confined to it).
+    #[arg(long, default_value = "mem")]
+    store: String,
+    /// Bound of the memory store (e.g. 1G, 512M).
+    #[arg(long, default_value = "1G")]
+    store_size: String,
+    /// Directory store: use O_DIRECT for aligned I/O.
+    #[arg(long)]
+    store_direct: bool,
+    /// The share's name (clients connect to \\SERVER\NAME).
+    #[arg(long, default_value = "data")]
+    share: String,
+    /// Storage QoS policies (TOML, see docs/qos.md); `smbdirectd qos policy
+    /// add|remove` changes are written back to it.
+    #[arg(long, value_name = "FILE")]
+    policy_file: Option<PathBuf>,
+    /// Storage QoS: capacity of the logical-flow table (flows no Open
+    /// references are evicted first; when every flow is referenced a new one
+    /// is refused with STATUS_INSUFFICIENT_RESOURCES).
+    #[arg(long, default_value_t = 65_536)]
+    qos_max_flows: usize,
     /// Admin socket path [default: /run/smbdirectd/smbdirectd-PORT.sock].
     #[arg(long)]
     admin_socket: Option<PathBuf>,
@@ -173,7 +212,9 @@ fn main() -> ExitCode {
             admin_socket,
             port,
         } => stats(json, admin_socket, port),
+        Command::Qos { cmd } => qos_cli::run(cmd),
         Command::Devices => devices(),
+        Command::Bench(a) => smbdirect_benches::bench::main(&a),
         Command::Loopback {
             size,
             duration,
@@ -223,7 +264,26 @@ fn serve(a: ServeArgs) -> ExitCode {
     if let Err(e) = smbd.validate() {
         return usage_error(e);
     }
-    let cfg = ServerConfig {
+    let policies = match &a.policy_file {
+        Some(p) if p.exists() => match PolicyStore::load(p) {
+            Ok(s) => s,
+            Err(e) => return usage_error(format!("--policy-file: {e}")),
+        },
+        Some(p) => {
+            let mut s = PolicyStore::new();
+            s.set_backing_file(Some(p.clone()));
+            s
+        }
+        None => PolicyStore::new(),
+    };
+    if a.share.is_empty() || a.share.contains(['\\', '/']) {
+        return usage_error("--share must be a plain name");
+    }
+    let smb2 = Smb2Config {
+        share: a.share.clone(),
+        ..Smb2Config::default()
+    };
+    let mut cfg = ServerConfig {
         listen: a.listen,
         worker_cores: worker_cores.iter().map(|&c| Some(c)).collect(),
         cp_core,
@@ -240,6 +300,9 @@ fn serve(a: ServeArgs) -> ExitCode {
         stats_interval: (a.stats_interval > 0).then(|| Duration::from_secs(a.stats_interval)),
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         capture: a.capture.clone(),
+        policies,
+        store_description: String::new(),
+        qos_max_flows: Some(a.qos_max_flows),
     };
     if !matches!(a.log_level.as_str(), "error" | "warn" | "info") {
         return usage_error(format!(
@@ -247,6 +310,29 @@ fn serve(a: ServeArgs) -> ExitCode {
             a.log_level
         ));
     }
+    let store: Option<Arc<dyn StoreFactory>> = if a.upper != UpperKind::Smb2 {
+        None // the echo upper layer has no share
+    } else if a.store == "mem" {
+        let size = match parse_size(&a.store_size) {
+            Ok(v) => v as u64,
+            Err(e) => return usage_error(format!("--store-size: {e}")),
+        };
+        match MemStoreFactory::new(size) {
+            Ok(f) => Some(Arc::new(f)),
+            Err(e) => return usage_error(format!("--store mem: {e}")),
+        }
+    } else {
+        match DirStoreFactory::new(std::path::Path::new(&a.store), a.store_direct) {
+            Ok(f) => Some(Arc::new(f)),
+            Err(e) => return usage_error(format!("--store {}: {e}", a.store)),
+        }
+    };
+    cfg.store_description = store.as_ref().map_or("none".into(), |s| s.describe());
+    let upper = UpperSetup {
+        kind: a.upper,
+        store,
+        smb2,
+    };
     let kind = match a.provider {
         ProviderKind::Auto => {
             if verbs::devices().map(|d| !d.is_empty()).unwrap_or(false) {
@@ -259,14 +345,14 @@ fn serve(a: ServeArgs) -> ExitCode {
     };
     match kind {
         ProviderKind::Verbs => match VerbsProvider::open(VerbsConfig::default()) {
-            Ok(p) => run_server(Arc::new(p), cfg, a.upper),
+            Ok(p) => run_server(Arc::new(p), cfg, upper),
             Err(e) => {
                 eprintln!("smbdirectd: cannot open an RDMA device: {e} (use --provider soft on hosts without one)");
                 ExitCode::FAILURE
             }
         },
         _ => match SoftProvider::new() {
-            Ok(p) => run_server(Arc::new(p), cfg, a.upper),
+            Ok(p) => run_server(Arc::new(p), cfg, upper),
             Err(e) => {
                 eprintln!("smbdirectd: cannot start the soft provider: {e}");
                 ExitCode::FAILURE
@@ -275,7 +361,15 @@ fn serve(a: ServeArgs) -> ExitCode {
     }
 }
 
-fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, upper: UpperKind) -> ExitCode {
+/// Which upper layer `serve` runs, with what it needs.
+struct UpperSetup {
+    kind: UpperKind,
+    store: Option<Arc<dyn StoreFactory>>,
+    smb2: Smb2Config,
+}
+
+fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, setup: UpperSetup) -> ExitCode {
+    let upper = setup.kind;
     if let Err(e) = signals::install() {
         eprintln!("smbdirectd: cannot install signal handlers: {e}");
         return ExitCode::FAILURE;
@@ -288,7 +382,18 @@ fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, upper: UpperKind
         .collect();
     let server = match upper {
         UpperKind::Echo => start(provider, cfg, || Echo),
-        UpperKind::Smb2 => start(provider, cfg, smbdirect_dataplane::smb2::Smb2Server::new),
+        UpperKind::Smb2 => {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let Some(store) = setup.store.clone() else {
+                eprintln!("smbdirectd: no store for the smb2 upper layer");
+                return ExitCode::FAILURE;
+            };
+            let smb2 = setup.smb2.clone();
+            start(provider, cfg, move || {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Smb2Server::new(smb2.clone(), store.handle(i))
+            })
+        }
     };
     let server = match server {
         Ok(s) => s,
@@ -304,6 +409,13 @@ fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, upper: UpperKind
         cores_desc.join(","),
         server.admin_path().map_or("none".into(), |p| p.display().to_string())
     );
+    if let Some(store) = &setup.store {
+        println!(
+            "smbdirectd: share '{}' on store {}",
+            setup.smb2.share,
+            store.describe()
+        );
+    }
     while !signals::stop_requested() {
         std::thread::sleep(Duration::from_millis(20));
     }

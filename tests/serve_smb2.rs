@@ -280,7 +280,26 @@ fn smb2_negotiate_session_tree_create_read_write_inline_and_rdma_close() {
     s.tree = r.header.tree_id().unwrap();
     assert_ne!(s.tree, 0);
 
-    // CREATE.
+    // CREATE the directory, then a file in it.
+    let dir = CreateRequestRepr {
+        security_flags: 0,
+        requested_oplock_level: OplockLevel::NONE,
+        impersonation_level: ImpersonationLevel::IMPERSONATION,
+        smb_create_flags: 0,
+        desired_access: AccessMask::GENERIC_READ,
+        file_attributes: FileAttributes::DIRECTORY,
+        share_access: ShareAccess::READ | ShareAccess::WRITE,
+        create_disposition: CreateDisposition::OPEN_IF,
+        create_options: CreateOptions::DIRECTORY_FILE,
+        name: Utf16Str::new("dir"),
+        create_contexts: CreateContextList::EMPTY,
+    };
+    let r = s.call(Command::Create, 1, &dir);
+    let ResponseBody::Create(dresp) = ok(&r) else {
+        panic!("create response")
+    };
+    assert_eq!(dresp.create_action, CreateAction::CREATED);
+    assert!(dresp.file_attributes.contains(FileAttributes::DIRECTORY));
     let cr = CreateRequestRepr {
         security_flags: 0,
         requested_oplock_level: OplockLevel::NONE,
@@ -307,7 +326,7 @@ fn smb2_negotiate_session_tree_create_read_write_inline_and_rdma_close() {
     };
     assert_eq!(
         s.call(Command::Create, 1, &bad).header.status,
-        STATUS_INVALID_PARAMETER
+        STATUS_OBJECT_NAME_INVALID
     );
 
     // WRITE inline 1000 B, READ inline.

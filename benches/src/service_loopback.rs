@@ -71,6 +71,9 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),
         capture: None,
+        policies: Default::default(),
+        store_description: String::new(),
+        qos_max_flows: None,
     };
     let server =
         start(provider.clone(), cfg, || Echo).map_err(|e| format!("starting the server: {e}"))?;

@@ -6,6 +6,9 @@
 //! QoS flow table. It talks to workers only through bounded lock-free rings.
 
 pub mod admin;
+pub mod qos;
+pub mod qos_admin;
+pub mod qos_policy;
 pub mod server;
 pub mod stats;
 

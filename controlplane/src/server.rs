@@ -5,8 +5,10 @@ use crate::admin::AdminSocket;
 use crate::stats::ServerStats;
 use smbdirect_dataplane::capture::{CaptureConfig, CaptureHandle};
 use smbdirect_dataplane::endpoint::recv_wr_id;
+use crate::qos::QosEngine;
+use crate::qos_policy::PolicyStore;
 use smbdirect_dataplane::planes::{
-    ring, CloseReason, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
+    ring, CloseReason, FromWorker, Ring, ToWorker, UpperEvent, WorkerStats, LOANED_RECEIVES,
 };
 use smbdirect_dataplane::provider::{
     CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, ProviderError, QpCaps, RecvWr,
@@ -16,7 +18,7 @@ use smbdirect_dataplane::worker::{Worker, WorkerConfig};
 use smbdirect_hugepages::{Backing, BufId, PoolConfig};
 use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, NegotiateDecision};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +53,14 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Write every SMB Direct message sent and received to this pcap.
     pub capture: Option<PathBuf>,
+    /// Storage QoS policies (`--policy-file`); changed at runtime through
+    /// the admin socket (and written back to the file, if any).
+    pub policies: PolicyStore,
+    /// What the share's store is, for `stats`.
+    pub store_description: String,
+    /// Capacity of the Storage QoS LogicalFlowTable (None: the default,
+    /// 65,536 flows).
+    pub qos_max_flows: Option<usize>,
 }
 
 impl ServerConfig {
@@ -98,6 +108,9 @@ impl std::error::Error for ServerError {}
 
 struct WorkerSide<P: Provider> {
     to: Ring<ToWorker<P::Qp>>,
+    /// Upper-layer messages waiting for room in `to` (the control plane
+    /// never blocks on them).
+    backlog: VecDeque<ToWorker<P::Qp>>,
     from: Ring<FromWorker>,
     loans: Ring<u64>,
     cq: <P::Cq as CompletionQueue>::Handle,
@@ -200,6 +213,7 @@ pub fn start<P: Provider, U: UpperLayer>(
     };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let mut sides: Vec<WorkerSide<P>> = Vec::with_capacity(nworkers);
+    let mut upper_name = "";
     let mut wstats = Vec::with_capacity(nworkers);
     for (i, core) in cfg.worker_cores.iter().enumerate() {
         let cq = provider
@@ -226,7 +240,13 @@ pub fn start<P: Provider, U: UpperLayer>(
             cq,
             alloc,
             mr,
-            upper(),
+            {
+                let u = upper();
+                if i == 0 {
+                    upper_name = u.name();
+                }
+                u
+            },
             to.clone(),
             from.clone(),
             loans.clone(),
@@ -244,6 +264,7 @@ pub fn start<P: Provider, U: UpperLayer>(
             .map_err(ServerError::Io)?;
         sides.push(WorkerSide {
             to,
+            backlog: VecDeque::new(),
             from,
             loans,
             cq: handle,
@@ -251,7 +272,6 @@ pub fn start<P: Provider, U: UpperLayer>(
         });
         wstats.push(st);
     }
-    let upper_name = upper().name();
     let stats = Arc::new(ServerStats {
         workers: wstats,
         worker_cores: cfg.worker_cores.clone(),
@@ -262,6 +282,9 @@ pub fn start<P: Provider, U: UpperLayer>(
         provider: provider.name(),
         upper: upper_name,
         provider_counters: Default::default(),
+        qos_flows: Default::default(),
+        qos_opens: Default::default(),
+        store: std::sync::Mutex::new(cfg.store_description.clone()),
     });
     let admin = match &cfg.admin_socket {
         Some(p) => Some(AdminSocket::bind(p).map_err(ServerError::Io)?),
@@ -346,6 +369,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
         mr,
     } = cp;
     let caps = cfg.qp_caps();
+    let mut qos = QosEngine::new(sides.len(), cfg.policies.clone(), cfg.qos_max_flows);
     let mut conns: HashMap<u64, ConnInfo> = HashMap::new();
     let mut attaching = vec![0usize; sides.len()];
     let mut next_id = 1u64;
@@ -424,7 +448,17 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+        service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching, &mut qos);
+        for (w, m) in qos.tick(false) {
+            sides[w].backlog.push_back(ToWorker::Upper(m));
+        }
+        flush_backlogs(&mut sides);
+        stats
+            .qos_flows
+            .store(qos.flow_count() as u64, Ordering::Relaxed);
+        stats
+            .qos_opens
+            .store(qos.open_count() as u64, Ordering::Relaxed);
         if last_counters.elapsed() >= Duration::from_millis(100) {
             last_counters = Instant::now();
             if let Ok(mut pc) = stats.provider_counters.lock() {
@@ -432,7 +466,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
             }
         }
         if let Some(a) = &admin {
-            a.serve_pending(&mut |req| answer(req, stats));
+            a.serve_pending(&mut |req| answer(req, stats, &mut qos));
         }
         if let Some(iv) = cfg.stats_interval {
             let el = last_line.elapsed();
@@ -458,20 +492,42 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     }
     for i in 0..sides.len() {
         while !stats.workers[i].exited.load(Ordering::Acquire) {
-            service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+            service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching, &mut qos);
+            flush_backlogs(&mut sides);
             std::thread::sleep(Duration::from_millis(1));
         }
         if let Some(t) = sides[i].thread.take() {
             let _ = t.join();
         }
     }
-    service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching);
+    service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching, &mut qos);
     if let Ok(mut pc) = stats.provider_counters.lock() {
         *pc = provider.counters();
     }
 }
 
-fn answer(req: &str, stats: &ServerStats) -> String {
+fn flush_backlogs<P: Provider>(sides: &mut [WorkerSide<P>]) {
+    for s in sides.iter_mut() {
+        while let Some(m) = s.backlog.pop_front() {
+            if let Err(m) = s.to.push(m) {
+                s.backlog.push_front(m);
+                break;
+            }
+        }
+    }
+}
+
+fn answer(req: &str, stats: &ServerStats, qos: &mut QosEngine) -> String {
+    if req.starts_with("qos") {
+        let rows = if req.starts_with("qos flows") {
+            qos.rows()
+        } else {
+            Vec::new()
+        };
+        if let Some(r) = crate::qos_admin::handle(req, &mut qos.policies, &rows) {
+            return r;
+        }
+    }
     match req {
         "stats" | "stats json" | "stats --json" => stats.to_json(),
         other => format!(
@@ -487,10 +543,33 @@ fn service_workers<P: Provider>(
     stats: &ServerStats,
     conns: &mut HashMap<u64, ConnInfo>,
     attaching: &mut [usize],
+    qos: &mut QosEngine,
 ) {
-    for side in sides.iter_mut() {
+    let mut extra: Vec<(usize, ToWorker<P::Qp>)> = Vec::new();
+    for (wi, side) in sides.iter_mut().enumerate() {
         while let Some(m) = side.from.pop() {
             match m {
+                FromWorker::Upper(UpperEvent::QosRequest {
+                    conn,
+                    token,
+                    open,
+                    is_file,
+                    request,
+                    max_output,
+                }) => {
+                    let (reply, others) =
+                        qos.request(wi, conn, token, open, is_file, &request, max_output);
+                    side.backlog.push_back(ToWorker::Upper(reply));
+                    extra.extend(others.into_iter().map(|(w, m)| (w, ToWorker::Upper(m))));
+                }
+                FromWorker::Upper(UpperEvent::OpenClosed { conn, open }) => {
+                    qos.open_closed(conn, open);
+                }
+                FromWorker::Upper(UpperEvent::QosWindow {
+                    flow,
+                    report,
+                    saturated,
+                }) => qos.window(wi, flow, report, saturated),
                 FromWorker::NegotiateRequest { conn, bytes, len } => {
                     let decision =
                         evaluate_negotiate_request(&cfg.smbd, &bytes[..len.min(bytes.len())]);
@@ -523,6 +602,7 @@ fn service_workers<P: Provider>(
                     reason,
                     peer_violation,
                 } => {
+                    qos.conn_closed(conn);
                     if let Some(c) = conns.remove(&conn) {
                         if peer_violation {
                             crate::warn!(
@@ -541,6 +621,11 @@ fn service_workers<P: Provider>(
                     }
                 }
             }
+        }
+    }
+    for (w, m) in extra {
+        if let Some(s) = sides.get_mut(w) {
+            s.backlog.push_back(m);
         }
     }
 }

@@ -28,6 +28,12 @@ pub struct ServerStats {
     pub upper: &'static str,
     /// Extra provider counters (name, value), refreshed by the control plane.
     pub provider_counters: std::sync::Mutex<Vec<(&'static str, u64)>>,
+    /// Storage QoS logical flows in the control plane's table.
+    pub qos_flows: AtomicU64,
+    /// Opens with Storage QoS state (associated to a flow).
+    pub qos_opens: AtomicU64,
+    /// The share's store ("mem (1 GiB)", a directory, ...).
+    pub store: std::sync::Mutex<String>,
 }
 
 /// Pool class counters, summed over slices.
@@ -94,6 +100,20 @@ impl ServerStats {
             self.rejected.load(Ordering::Relaxed),
             self.negotiate_failures.load(Ordering::Relaxed)
         );
+        let _ = write!(
+            s,
+            "\"sessions\":{},\"opens\":{},\"flows\":{},\"qos_opens\":{},\"qos_queued\":{},",
+            t.sessions,
+            t.opens,
+            self.qos_flows.load(Ordering::Relaxed),
+            self.qos_opens.load(Ordering::Relaxed),
+            t.qos_queued
+        );
+        if let Ok(st) = self.store.lock() {
+            s.push_str("\"store\":");
+            crate::qos_admin::push_json_string(&mut s, &st);
+            s.push(',');
+        }
         s.push_str("\"total\":");
         snapshot_json(&mut s, &t);
         s.push_str(",\"workers\":[");
@@ -146,8 +166,11 @@ impl ServerStats {
         let t = self.totals();
         let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / secs.max(1e-9);
         format!(
-            "conns {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | credit stalls {} | rnr {} | errors {}",
+            "conns {} sessions {} opens {} flows {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | credit stalls {} | rnr {} | errors {}",
             t.connections,
+            t.sessions,
+            t.opens,
+            self.qos_flows.load(Ordering::Relaxed),
             rate(t.messages_in, prev.messages_in),
             rate(t.messages_out, prev.messages_out),
             rate(t.bytes_in, prev.bytes_in) / 1e6,
@@ -162,7 +185,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"timeouts\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -174,6 +197,9 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.protocol_errors,
         t.rdma_errors,
         t.pool_stalls,
-        t.timeouts
+        t.timeouts,
+        t.sessions,
+        t.opens,
+        t.qos_queued
     );
 }

@@ -29,6 +29,9 @@ fn server_config(port: u16) -> ServerConfig {
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),
         capture: None,
+        policies: Default::default(),
+        store_description: String::new(),
+        qos_max_flows: None,
     }
 }
 

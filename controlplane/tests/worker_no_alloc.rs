@@ -182,6 +182,9 @@ fn server_config() -> ServerConfig {
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),
         capture: None,
+        policies: Default::default(),
+        store_description: String::new(),
+        qos_max_flows: None,
     }
 }
 

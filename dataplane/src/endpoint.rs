@@ -1520,6 +1520,7 @@ mod tests {
             max_read_write: 1 << 20,
             completing,
             disconnect: false,
+            hold: None,
         };
         let res = f(&mut out);
         let rdma = r.ep.rdma.as_mut().unwrap();

@@ -4,6 +4,8 @@
 //! sender, never a drop and never growth).
 
 use crossbeam_queue::ArrayQueue;
+use smbdirect_protocol::ntstatus::NtStatus;
+use smbdirect_protocol::sqos::enforcement::{FlowRates, WindowReport};
 use smbdirect_protocol::smbd::{NegotiateDecision, TerminateReason};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +40,78 @@ pub enum ToWorker<Q> {
     /// Stop: finish in-flight work within the grace period, disconnect
     /// everything, return every buffer, exit.
     Shutdown,
+    /// For the worker's upper layer (Storage QoS answers and rates).
+    Upper(UpperControl),
+}
+
+/// The rates a worker enforces for a flow, and the control plane's index of
+/// the flow (stable while the flow exists; the worker's key for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosFlowAssign {
+    /// Control-plane flow index.
+    pub flow: u32,
+    /// This worker's share ([MS-SQOS] MaximumIoRate / MinimumIoRate /
+    /// MaximumBandwidth, divided by the control plane).
+    pub rates: FlowRates,
+}
+
+/// Control plane → upper layer of a worker.
+#[derive(Debug)]
+pub enum UpperControl {
+    /// The answer to [`UpperEvent::QosRequest`]: the IOCTL's status and
+    /// output buffer, and the flow the Open is associated to afterwards
+    /// (None: not associated).
+    QosReply {
+        /// Connection.
+        conn: ConnId,
+        /// The upper layer's token from the request.
+        token: u64,
+        /// The Open (persistent FileId) the request named.
+        open: u64,
+        /// STATUS_SUCCESS with an optional output buffer, or the failure.
+        result: Result<Option<Box<[u8]>>, NtStatus>,
+        /// The Open's flow after the request.
+        flow: Option<QosFlowAssign>,
+    },
+    /// New rates for a flow on this worker (pushed at least every 100 ms
+    /// while the flow is active, and on every change).
+    QosRates(QosFlowAssign),
+}
+
+/// Upper layer of a worker → control plane.
+#[derive(Debug)]
+pub enum UpperEvent {
+    /// An SMB2 IOCTL FSCTL_STORAGE_QOS_CONTROL to process ([MS-SQOS] 3.2.5.1).
+    QosRequest {
+        /// Connection.
+        conn: ConnId,
+        /// Returned in the reply.
+        token: u64,
+        /// The Open (its persistent FileId, unique per connection).
+        open: u64,
+        /// The Open is a data file (Storage QoS applies to files only).
+        is_file: bool,
+        /// The IOCTL input buffer.
+        request: Box<[u8]>,
+        /// The IOCTL's MaxOutputResponse.
+        max_output: u32,
+    },
+    /// An Open that was named by a QoS request closed.
+    OpenClosed {
+        /// Connection.
+        conn: ConnId,
+        /// Its persistent FileId.
+        open: u64,
+    },
+    /// What the worker's scheduler measured for a flow over its last window.
+    QosWindow {
+        /// Control-plane flow index.
+        flow: u32,
+        /// The window's measurements.
+        report: WindowReport,
+        /// The worker had more ready requests than it could dispatch.
+        saturated: bool,
+    },
 }
 
 /// Why a connection closed.
@@ -74,7 +148,7 @@ impl core::fmt::Display for CloseReason {
 }
 
 /// Worker → control plane.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub enum FromWorker {
     /// A Negotiate Request arrived; decide it.
     NegotiateRequest {
@@ -99,6 +173,8 @@ pub enum FromWorker {
         /// Was it the peer's fault (a protocol violation)?
         peer_violation: bool,
     },
+    /// From the worker's upper layer.
+    Upper(UpperEvent),
 }
 
 /// Receive buffers each worker keeps lent to the control plane, which posts
@@ -147,6 +223,12 @@ pub struct WorkerStats {
     pub timeouts: AtomicU64,
     /// Poll-loop iterations that found work.
     pub busy_polls: AtomicU64,
+    /// SMB2 sessions on this worker (upper-layer gauge).
+    pub sessions: AtomicU64,
+    /// SMB2 Opens on this worker (upper-layer gauge).
+    pub opens: AtomicU64,
+    /// Requests waiting in the worker's QoS queue (upper-layer gauge).
+    pub qos_queued: AtomicU64,
     /// Set when the worker thread has exited.
     pub exited: AtomicBool,
 }
@@ -175,6 +257,9 @@ impl WorkerStats {
             rdma_errors: g(&self.rdma_errors),
             pool_stalls: g(&self.pool_stalls),
             timeouts: g(&self.timeouts),
+            sessions: g(&self.sessions),
+            opens: g(&self.opens),
+            qos_queued: g(&self.qos_queued),
         }
     }
 }
@@ -206,6 +291,12 @@ pub struct WorkerStatsSnapshot {
     pub pool_stalls: u64,
     /// Timer terminations.
     pub timeouts: u64,
+    /// SMB2 sessions.
+    pub sessions: u64,
+    /// SMB2 Opens.
+    pub opens: u64,
+    /// Requests waiting in QoS queues.
+    pub qos_queued: u64,
 }
 
 impl core::ops::AddAssign for WorkerStatsSnapshot {
@@ -222,5 +313,8 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.rdma_errors += o.rdma_errors;
         self.pool_stalls += o.pool_stalls;
         self.timeouts += o.timeouts;
+        self.sessions += o.sessions;
+        self.opens += o.opens;
+        self.qos_queued += o.qos_queued;
     }
 }

@@ -61,7 +61,9 @@
 //! STATUS_INVALID_PARAMETER and Length 0. Every other message is echoed.
 
 use crate::endpoint::RdmaOps;
-use crate::planes::ConnId;
+use crate::planes::{ConnId, UpperControl, UpperEvent, WorkerStats};
+use smbdirect_protocol::time::Instant as PInstant;
+use std::collections::VecDeque;
 use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
 use smbdirect_protocol::ntstatus::{
     NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
@@ -190,6 +192,8 @@ pub struct Replies<'a> {
     pub(crate) completing: Option<usize>,
     /// Set by [`Replies::disconnect`].
     pub(crate) disconnect: bool,
+    /// Set by [`Replies::hold`].
+    pub(crate) hold: Option<u64>,
 }
 
 impl Replies<'_> {
@@ -199,6 +203,19 @@ impl Replies<'_> {
     /// peer protocol violation and returns every buffer.
     pub fn disconnect(&mut self) {
         self.disconnect = true;
+    }
+
+    /// Keeps the message being handled (its receive buffer) after the
+    /// handler returns `Ok`, under `token`, instead of releasing it: the
+    /// upper layer finishes it later, when it calls [`UpperIo::wake`] with
+    /// the token and the worker hands the same bytes to
+    /// [`UpperLayer::on_wake`]. Replies queued and RDMA requested before
+    /// returning take effect as usual. Later messages of the connection are
+    /// not held up (SMB2 requests may complete out of order, [MS-SMB2]
+    /// 3.3.4.2). Only meaningful in `on_message` and `on_wake` (where it
+    /// keeps holding, possibly under a new token).
+    pub fn hold(&mut self, token: u64) {
+        self.hold = Some(token);
     }
 
     /// Queues a reply of `len` bytes written by `fill`.
@@ -350,8 +367,64 @@ pub trait UpperLayer: Send + 'static {
         Ok(())
     }
 
-    /// The connection closed (RDMA operations still pending are dropped).
+    /// The connection closed (RDMA operations still pending are dropped,
+    /// held messages released).
     fn on_close(&mut self, _conn: ConnId) {}
+
+    /// Called on every iteration of the worker's poll loop: reap background
+    /// work (a store's io_uring, the QoS queue) and wake held messages or
+    /// pending operations through `io`. Must be cheap when idle. Returns
+    /// whether anything happened.
+    fn poll(&mut self, _now: PInstant, _io: &mut UpperIo<'_>) -> bool {
+        false
+    }
+
+    /// A token passed to [`UpperIo::wake`] is due: `msg` is the message
+    /// held under it ([`Replies::hold`]), if any. Same retry rule as
+    /// [`UpperLayer::on_message`] (on `Err` the worker calls again later).
+    fn on_wake(
+        &mut self,
+        _conn: ConnId,
+        _token: u64,
+        _msg: Option<&[u8]>,
+        _out: &mut Replies<'_>,
+    ) -> Result<(), Backpressure> {
+        Ok(())
+    }
+
+    /// A message from the control plane for the upper layer.
+    fn on_control(&mut self, _msg: UpperControl) {}
+}
+
+/// What an upper layer's [`UpperLayer::poll`] may do.
+#[derive(Debug)]
+pub struct UpperIo<'a> {
+    pub(crate) wakes: &'a mut VecDeque<(ConnId, u64)>,
+    pub(crate) events: &'a mut VecDeque<UpperEvent>,
+    pub(crate) stats: &'a WorkerStats,
+}
+
+impl UpperIo<'_> {
+    /// Schedules [`UpperLayer::on_wake`] for `token` of `conn` (ignored if
+    /// the connection is gone).
+    pub fn wake(&mut self, conn: ConnId, token: u64) {
+        self.wakes.push_back((conn, token));
+    }
+
+    /// Sends an event to the control plane (ordered, never dropped: a full
+    /// ring is retried).
+    pub fn to_control(&mut self, ev: UpperEvent) {
+        self.events.push_back(ev);
+    }
+
+    /// Publishes the upper layer's gauges (`stats`: sessions, opens,
+    /// requests waiting in QoS queues).
+    pub fn set_gauges(&mut self, sessions: u64, opens: u64, qos_queued: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.sessions.store(sessions, Relaxed);
+        self.stats.opens.store(opens, Relaxed);
+        self.stats.qos_queued.store(qos_queued, Relaxed);
+    }
 }
 
 /// Magic of the RDMA echo request (see the module documentation).

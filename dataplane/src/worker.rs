@@ -26,7 +26,7 @@ use crate::planes::{
 use crate::provider::{
     Completion, CompletionQueue, MemoryRegion, Provider, QpId, QueuePair, WcStatus,
 };
-use crate::upper::{Backpressure, QueuedReply, RdmaDone, Replies, UpperLayer};
+use crate::upper::{Backpressure, QueuedReply, RdmaDone, Replies, UpperIo, UpperLayer};
 use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
 use smbdirect_protocol::smbd::{Connection, SmbdConfig, TerminateReason};
 use smbdirect_protocol::time::Instant as PInstant;
@@ -68,6 +68,10 @@ struct Slot<Q: QueuePair> {
     closing: Option<CloseReason>,
     reported_established: bool,
     next_timer: Option<PInstant>,
+    /// Messages the upper layer holds ([`Replies::hold`]), by token.
+    held: Vec<(u64, Delivery)>,
+    /// Tokens woken by the upper layer, oldest first.
+    wakes: VecDeque<u64>,
 }
 
 /// The worker's state; [`Worker::run`] is its thread body.
@@ -84,6 +88,10 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     stats: Arc<WorkerStats>,
     slots: Vec<Option<Slot<P::Qp>>>,
     by_qp: HashMap<QpId, usize>,
+    by_conn: HashMap<ConnId, usize>,
+    /// Wakes and events the upper layer produced in its last poll.
+    upper_wakes: VecDeque<(ConnId, u64)>,
+    upper_events: VecDeque<crate::planes::UpperEvent>,
     origin: Instant,
     shutdown_at: Option<Instant>,
     pending_out: VecDeque<FromWorker>,
@@ -125,6 +133,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         slots.resize_with(cfg.max_connections, || None);
         Worker {
             by_qp: HashMap::with_capacity(cfg.max_connections * 2),
+            by_conn: HashMap::with_capacity(cfg.max_connections * 2),
+            upper_wakes: VecDeque::with_capacity(4096),
+            upper_events: VecDeque::with_capacity(1024),
             pending_out: VecDeque::with_capacity(cfg.max_connections * 4 + 16),
             orphans: VecDeque::with_capacity(cfg.max_connections * 2 + 16),
             capture: None,
@@ -218,6 +229,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     self.on_completion(now, &wc);
                 }
             }
+            if self.poll_upper() {
+                work = true;
+            }
             if self.service_slots() {
                 work = true;
             }
@@ -295,13 +309,38 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     self.shutdown_at = Some(Instant::now());
                 }
             }
+            ToWorker::Upper(m) => self.upper.on_control(m),
         }
     }
 
     fn find(&self, conn: ConnId) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.conn == conn))
+        self.by_conn.get(&conn).copied()
+    }
+
+    /// Lets the upper layer reap background work; routes its wakes to the
+    /// connections and its events to the control plane.
+    fn poll_upper(&mut self) -> bool {
+        let now = self.now();
+        let mut io = UpperIo {
+            wakes: &mut self.upper_wakes,
+            events: &mut self.upper_events,
+            stats: &self.stats,
+        };
+        let mut any = self.upper.poll(now, &mut io);
+        while let Some((conn, token)) = self.upper_wakes.pop_front() {
+            any = true;
+            if let Some(&i) = self.by_conn.get(&conn) {
+                if let Some(slot) = self.slots[i].as_mut() {
+                    slot.wakes.push_back(token);
+                    slot.dirty = true;
+                }
+            }
+        }
+        while let Some(ev) = self.upper_events.pop_front() {
+            any = true;
+            self.tell_cp(FromWorker::Upper(ev));
+        }
+        any
     }
 
     fn attach(
@@ -354,8 +393,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             closing,
             reported_established: false,
             next_timer,
+            held: Vec::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
+            wakes: VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
         });
         self.by_qp.insert(qp_id, i);
+        self.by_conn.insert(conn, i);
         WorkerStats::add(&self.stats.connections, 1);
         WorkerStats::add(&self.stats.connections_total, 1);
     }
@@ -438,6 +480,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         max_read_write,
                         completing: Some(op.slot),
                         disconnect: false,
+                        hold: None,
                     };
                     let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
                     let count = out.count;
@@ -461,6 +504,65 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 }
             }
             if slot.closing.is_none() {
+                // Tokens the upper layer woke (held messages it can finish
+                // now, or operations of its own), in wake order.
+                while let Some(&token) = slot.wakes.front() {
+                    let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
+                    let mut queued = [(BufId::from_bits(0), 0u32, None); MAX_REPLIES];
+                    let max_read_write = slot.ep.connection().params().max_read_write_size;
+                    let Slot { ep, held, .. } = slot;
+                    let k = held.iter().position(|(t, _)| *t == token);
+                    let (msg, rdma) = match k {
+                        Some(k) => {
+                            let (m, r) = ep.message_and_rdma(&held[k].1);
+                            (Some(m), r)
+                        }
+                        None => (None, ep.rdma_mut()),
+                    };
+                    let mut out = Replies {
+                        alloc: &mut self.alloc,
+                        pool: &self.pool,
+                        queued: &mut queued[..space],
+                        count: 0,
+                        rdma,
+                        max_read_write,
+                        completing: None,
+                        disconnect: false,
+                        hold: None,
+                    };
+                    let r = self.upper.on_wake(slot.conn, token, msg, &mut out);
+                    let count = out.count;
+                    let hold = out.hold;
+                    if out.disconnect {
+                        slot.closing.get_or_insert(CloseReason::UpperLayer);
+                    }
+                    let ok = settle(
+                        &mut slot.ep,
+                        &mut self.alloc,
+                        &self.stats,
+                        &queued[..count],
+                        r,
+                        None,
+                        &mut slot.closing,
+                    );
+                    if !ok {
+                        break;
+                    }
+                    slot.wakes.pop_front();
+                    if let Some(k) = k {
+                        match hold {
+                            Some(t) => slot.held[k].0 = t,
+                            None => {
+                                let (_, d) = slot.held.swap_remove(k);
+                                slot.ep.release(d, &mut self.alloc);
+                            }
+                        }
+                    }
+                    slot.dirty = true;
+                    any = true;
+                }
+            }
+            if slot.closing.is_none() {
                 // Hand waiting messages to the upper layer, oldest first.
                 while let Some(d) = slot.deferred.front() {
                     let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
@@ -476,9 +578,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         max_read_write,
                         completing: None,
                         disconnect: false,
+                        hold: None,
                     };
                     let r = self.upper.on_message(slot.conn, msg, &mut out);
                     let count = out.count;
+                    let hold = out.hold;
                     if out.disconnect {
                         slot.closing.get_or_insert(CloseReason::UpperLayer);
                     }
@@ -495,7 +599,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         break;
                     }
                     let d = slot.deferred.pop_front().expect("front exists");
-                    slot.ep.release(d, &mut self.alloc);
+                    match hold {
+                        Some(t) => slot.held.push((t, d)),
+                        None => slot.ep.release(d, &mut self.alloc),
+                    }
                     slot.dirty = true;
                     any = true;
                 }
@@ -562,6 +669,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         while let Some(d) = slot.deferred.pop_front() {
             slot.ep.release(d, &mut self.alloc);
         }
+        while let Some((_, d)) = slot.held.pop() {
+            slot.ep.release(d, &mut self.alloc);
+        }
+        slot.wakes.clear();
         for m in slot.ep.drain_queued() {
             let _ = self.alloc.free(m);
         }
@@ -573,6 +684,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         }
         let slot = self.slots[i].take().expect("slot present");
         self.by_qp.remove(&slot.ep.qp().id());
+        self.by_conn.remove(&slot.conn);
         let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation())
             || reason == CloseReason::UpperLayer;
         if peer_violation {

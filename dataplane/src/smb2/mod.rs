@@ -1,69 +1,174 @@
-//! The `smb2` upper layer, first slice: SMB2 over SMB Direct (no Direct TCP
-//! transport header, [MS-SMB2] 2.1), server side, wire-exact through
+//! The `smb2` upper layer: SMB2 over SMB Direct (no Direct TCP transport
+//! header, [MS-SMB2] 2.1), server side, wire-exact through
 //! `smbdirect_protocol::smb2`.
 //!
 //! Served: NEGOTIATE (3.0, 3.0.2, 3.1.1 with a preauth integrity context),
-//! SESSION_SETUP (anonymous/guest only: any blob is accepted), LOGOFF,
-//! TREE_CONNECT (share `data`), TREE_DISCONNECT, CREATE, CLOSE, FLUSH,
-//! READ/WRITE inline and through SMB2_CHANNEL_RDMA_V1(_INVALIDATE), ECHO,
-//! IOCTL (always STATUS_NOT_SUPPORTED for now), compounds (related
-//! requests inherit SessionId, TreeId and FileId) and credits.
+//! SESSION_SETUP (anonymous/guest only: authentication is a later issue),
+//! LOGOFF, TREE_CONNECT (one share, `--share`), TREE_DISCONNECT, CREATE,
+//! CLOSE, FLUSH, READ/WRITE inline and through SMB2_CHANNEL_RDMA_V1 and
+//! SMB2_CHANNEL_RDMA_V1_INVALIDATE (any number of descriptors, in any
+//! position of a compound), ECHO, IOCTL FSCTL_STORAGE_QOS_CONTROL
+//! ([MS-SQOS], answered by the control plane; other codes
+//! STATUS_NOT_SUPPORTED), compounds, credits with the CommandSequenceWindow
+//! ([MS-SMB2] 3.3.1.1, 3.3.5.2.3) and CreditCharge validation (3.3.5.2.5).
 //!
-//! Limits of this slice (see also [`store`]):
-//! - each worker owns its own store (no locks on the I/O path); with several
-//!   workers a connection sees the files of its worker only, until the
-//!   shared pool-backed store lands;
-//! - an RDMA READ/WRITE must be the last request of a compound; earlier
-//!   responses of that compound are sent before it as their own message;
-//! - "disconnect" outcomes of [`Smb2Error::server_action`] cannot close the
-//!   connection yet (the worker's `Replies` has no close request): the
-//!   connection is disconnected (`Replies::disconnect`);
-//! - a reply that meets backpressure after the request changed state is
-//!   kept and resent on the retry (inline path); the RDMA path re-executes
-//!   on retry (its state changes are idempotent except credit accounting).
+//! # Requests that wait
+//!
+//! A request that cannot finish inside its handler — a READ/WRITE over its
+//! Storage QoS flow's limits (it waits in the worker's QoS queue), a store
+//! operation that went to the disk (io_uring), an IOCTL the control plane
+//! answers, an RDMA transfer of a request that is not the last of its
+//! compound — keeps its message ([`Replies::hold`]) with its progress in an
+//! `Exec`, and the responses of the compound's earlier requests are sent
+//! at once. The worker hands the message back ([`UpperLayer::on_wake`])
+//! when what it waited for has happened, and execution resumes at the
+//! request that waited. Later messages of the connection go on meanwhile
+//! (responses may be sent out of order, [MS-SMB2] 3.3.4.2; no interim
+//! STATUS_PENDING is sent, see docs/spec-notes.md).
+//!
+//! The common case — a READ/WRITE that is the last (or only) request of
+//! its message, on the memory store, within its limits — never holds: its
+//! RDMA transfer is staged, the message released, and the response built
+//! from the RDMA context on completion. Nothing on that path allocates.
 
-mod oldstore;
-pub mod store; // first-slice store, replaced by store::Store implementations
+pub mod client;
+pub mod dirstore;
+pub mod memstore;
+pub mod store;
 
-use crate::planes::ConnId;
-use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperLayer};
-use oldstore::{MemStore, StoreError, DEFAULT_STORE_BYTES};
+use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
+use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo, UpperLayer};
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::*;
-use std::collections::HashMap;
+use smbdirect_protocol::sqos::enforcement::{FlowSlot, Scheduler, SchedulerConfig};
+use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
+use smbdirect_protocol::time::Instant as PInstant;
+use std::collections::{HashMap, VecDeque};
+use store::{Disposition, Handle, OpenRequest, Poll, Store};
 
 /// Credits a connection may hold outstanding.
 pub const MAX_CREDITS: u32 = 512;
-/// TreeId of the `data` share.
-pub const DATA_TREE_ID: u32 = 1;
-/// Name of the one share.
-pub const SHARE_NAME: &str = "data";
+/// Span of the CommandSequenceWindow kept per connection: MessageIds more
+/// than this far above the lowest unused one are refused.
+pub const SEQ_WINDOW: u64 = 4096;
+/// TreeId of the share.
+pub const SHARE_TREE_ID: u32 = 1;
+/// Default share name (`--share`).
+pub const DEFAULT_SHARE: &str = "data";
 /// Largest inline READ/WRITE payload (a response must fit one reassembled
 /// SMB Direct message, default MaxFragmentedRecvSize 1 MiB).
 pub const MAX_INLINE: u32 = (1 << 20) - 4096;
 /// Response scratch buffer per worker.
 const SCRATCH_LEN: usize = 1 << 20;
-/// Context of an RDMA operation (see `RdmaCtx`).
-const CTX_LEN: usize = CTX_HEADER + HEADER_LEN;
 /// Where the response header starts in an RDMA context.
-const CTX_HEADER: usize = 40;
+const CTX_HEADER: usize = 48;
+/// Context of an RDMA operation (see [`plan`]).
+const CTX_LEN: usize = CTX_HEADER + HEADER_LEN;
 /// Maximal access granted on the share (FILE_ALL_ACCESS).
 const FILE_ALL_ACCESS: u32 = 0x001F_01FF;
+/// Requests the QoS queue dispatches per poll-loop iteration; more ready
+/// requests than this mark the worker saturated for the window.
+const QOS_DISPATCH_BUDGET: usize = 32;
+/// Largest Storage QoS control request forwarded to the control plane
+/// (the fixed part plus two maximal names, [MS-SQOS] 2.2.2.2).
+const MAX_QOS_REQUEST: usize = 4096;
+
+/// How the SMB2 layer of each worker is set up.
+#[derive(Debug, Clone)]
+pub struct Smb2Config {
+    /// The share's name (TREE_CONNECT `\\server\NAME`).
+    pub share: String,
+    /// Storage QoS: flow slots in each worker's scheduler.
+    pub qos_max_flows: usize,
+    /// Storage QoS: requests that may wait in each worker's queue.
+    pub qos_max_queued: usize,
+}
+
+impl Default for Smb2Config {
+    fn default() -> Self {
+        Smb2Config {
+            share: DEFAULT_SHARE.to_string(),
+            qos_max_flows: 4096,
+            qos_max_queued: 8192,
+        }
+    }
+}
 
 /// One open.
 #[derive(Debug)]
 struct Open {
     persistent: u64,
-    /// None: the share root (a directory handle).
-    name: Option<String>,
+    handle: Handle,
+    is_dir: bool,
+    /// The Storage QoS flow this Open's I/O is charged to (a direct
+    /// reference: no lookup per I/O).
+    flow: Option<FlowSlot>,
+    /// Named in a QoS request: the control plane keeps state for it.
+    qos_named: bool,
 }
 
-/// A reply that met backpressure after the request changed state.
+/// [MS-SMB2] 3.3.1.1 CommandSequenceWindow: the MessageIds granted and not
+/// yet used, as `[low, high)` with a bitmap of those used above `low`.
 #[derive(Debug)]
-struct Pending {
-    first_message_id: u64,
-    msg_len: usize,
-    bytes: Vec<u8>,
+struct SeqWindow {
+    low: u64,
+    high: u64,
+    used: [u64; (SEQ_WINDOW / 64) as usize],
+}
+
+impl SeqWindow {
+    fn new() -> Self {
+        // 3.3.1.1 / 3.3.5.1: a new connection's window holds MessageId 0.
+        SeqWindow {
+            low: 0,
+            high: 1,
+            used: [0; (SEQ_WINDOW / 64) as usize],
+        }
+    }
+
+    fn bit(&self, id: u64) -> bool {
+        let i = (id % SEQ_WINDOW) as usize;
+        self.used[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn set(&mut self, id: u64, v: bool) {
+        let i = (id % SEQ_WINDOW) as usize;
+        if v {
+            self.used[i / 64] |= 1 << (i % 64);
+        } else {
+            self.used[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
+    /// 3.3.5.2.3: `[mid, mid + n)` must lie in the window and be unused;
+    /// uses them and slides the window.
+    fn consume(&mut self, mid: u64, n: u64) -> bool {
+        let n = n.max(1);
+        let Some(end) = mid.checked_add(n) else {
+            return false;
+        };
+        if mid < self.low || end > self.high {
+            return false;
+        }
+        if (mid..end).any(|id| self.bit(id)) {
+            return false;
+        }
+        (mid..end).for_each(|id| self.set(id, true));
+        while self.low < self.high && self.bit(self.low) {
+            self.set(self.low, false);
+            self.low += 1;
+        }
+        true
+    }
+
+    /// Room for more grants within [`SEQ_WINDOW`].
+    fn room(&self) -> u64 {
+        SEQ_WINDOW - (self.high - self.low)
+    }
+
+    fn grant(&mut self, n: u64) {
+        self.high += n;
+    }
 }
 
 #[derive(Debug)]
@@ -73,7 +178,7 @@ struct Conn {
     tree: Option<u32>,
     opens: HashMap<u64, Open>,
     outstanding: u32,
-    pending: Option<Pending>,
+    seq: SeqWindow,
     dead: bool,
 }
 
@@ -85,31 +190,27 @@ impl Conn {
             tree: None,
             opens: HashMap::new(),
             outstanding: 1,
-            pending: None,
+            seq: SeqWindow::new(),
             dead: false,
         }
     }
 
-    /// [MS-SMB2] 3.3.1.2: consume CreditCharge, grant CreditRequest (at
-    /// least 1, never past MAX_CREDITS outstanding).
-    fn grant(&mut self, h: &HeaderRepr) -> u16 {
-        let charge = u32::from(h.credit_charge.max(1));
-        self.outstanding = self.outstanding.saturating_sub(charge);
-        let room = MAX_CREDITS.saturating_sub(self.outstanding).max(1);
-        let g = u32::from(h.credit.max(1)).min(room);
-        self.outstanding += g;
-        g as u16
+    /// [MS-SMB2] 3.3.5.2.3 and 3.3.1.2: checks and consumes the request's
+    /// MessageIds (CreditCharge of them), then grants CreditRequest (at
+    /// least 1 while room remains, never past MAX_CREDITS outstanding).
+    /// None: the MessageId is outside the window or reused.
+    fn sequence_and_grant(&mut self, h: &HeaderRepr) -> Option<u16> {
+        let charge = u64::from(h.credit_charge.max(1));
+        if h.command != Command::Cancel && !self.seq.consume(h.message_id, charge) {
+            return None;
+        }
+        self.outstanding = self.outstanding.saturating_sub(charge as u32);
+        let room = (MAX_CREDITS.saturating_sub(self.outstanding) as u64).min(self.seq.room());
+        let g = u64::from(h.credit.max(1)).min(room);
+        self.outstanding += g as u32;
+        self.seq.grant(g);
+        Some(g as u16)
     }
-}
-
-/// State shared by the connections of one worker.
-#[derive(Debug)]
-struct Shared {
-    store: MemStore,
-    next_session: u64,
-    next_file: u64,
-    server_guid: Guid,
-    salt_seed: u64,
 }
 
 /// SessionId/TreeId/FileId a related request inherits.
@@ -120,16 +221,111 @@ struct Chain {
     file: Option<FileId>,
 }
 
-/// An RDMA transfer the last request of a compound asks for.
+/// What a waiting request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Its turn in the QoS queue.
+    Qos,
+    /// A store operation (tag = the message's token).
+    Store,
+    /// The control plane's answer to a QoS IOCTL.
+    Ioctl,
+    /// Its RDMA transfer (a request not last in its compound).
+    Rdma,
+}
+
+/// The progress of one message: which request runs next and what the
+/// request that waits has obtained so far.
+#[derive(Debug)]
+struct Exec {
+    conn: ConnId,
+    token: u64,
+    /// Index (in the compound) of the request to run next.
+    next: usize,
+    chain: Chain,
+    /// The credits granted to request `next` (its MessageIds are consumed
+    /// once, at its first run).
+    grant: Option<u16>,
+    /// Request `next` passed QoS admission.
+    admitted: bool,
+    /// Request `next` sits in the QoS queue.
+    queued: bool,
+    /// The control plane's answer for request `next`.
+    ioctl: Option<Result<Option<Box<[u8]>>, NtStatus>>,
+    /// Request `next` staged its RDMA transfer.
+    rdma_staged: bool,
+    /// Its outcome: bytes moved, or the status to answer with.
+    rdma: Option<Result<u32, NtStatus>>,
+    /// After an RDMA Read, the store write of its data went to the disk.
+    rdma_store: bool,
+    /// What it waits for, and whether that has happened.
+    wait: Option<Wait>,
+    ready: bool,
+    /// Responses of earlier requests that met backpressure (and the token
+    /// to invalidate with them).
+    pending_reply: Option<(Vec<u8>, Option<u32>)>,
+    /// A held RDMA request with _INVALIDATE finished: the compound's
+    /// response invalidates this token.
+    invalidate: Option<u32>,
+}
+
+impl Exec {
+    fn new(conn: ConnId, token: u64) -> Self {
+        Exec {
+            conn,
+            token,
+            next: 0,
+            chain: Chain::default(),
+            grant: None,
+            admitted: false,
+            queued: false,
+            ioctl: None,
+            rdma_staged: false,
+            rdma: None,
+            rdma_store: false,
+            wait: None,
+            ready: false,
+            pending_reply: None,
+            invalidate: None,
+        }
+    }
+
+    /// Request `next` is finished: the following one starts clean.
+    fn advance(&mut self) {
+        self.next += 1;
+        self.grant = None;
+        self.admitted = false;
+        self.queued = false;
+        self.ioctl = None;
+        self.rdma_staged = false;
+        self.rdma = None;
+        self.rdma_store = false;
+        self.wait = None;
+        self.ready = false;
+    }
+}
+
+/// A store write after the last-request RDMA Read that went to the disk:
+/// the response goes out when it completes.
+#[derive(Debug)]
+struct PostWrite {
+    conn: ConnId,
+    handle: Handle,
+    offset: u64,
+    ctx: [u8; CTX_LEN],
+    /// The store's answer, once collected (kept if the reply must wait).
+    result: Option<Result<u32, store::StoreError>>,
+}
+
+/// An RDMA transfer a request asks for.
 #[derive(Debug)]
 struct Plan<'a> {
     kind: RdmaKind,
     descs: &'a [u8],
     len: u32,
-    ctx: [u8; CTX_LEN],
-    name: String,
+    handle: Handle,
     file_offset: u64,
-    request: HeaderRepr,
+    ctx: [u8; CTX_LEN],
     response: HeaderRepr,
 }
 
@@ -138,26 +334,68 @@ struct Plan<'a> {
 enum Step<'a> {
     Done,
     Rdma(Plan<'a>),
+    Hold(Wait),
     Disconnect,
+}
+
+/// Storage QoS on one worker: the scheduler and the flows it knows.
+#[derive(Debug)]
+struct WorkerQos {
+    sched: Scheduler,
+    /// Control-plane flow index → (slot, Opens referencing it).
+    by_flow: HashMap<u32, (FlowSlot, u32)>,
+    /// Slot index → control-plane flow index.
+    slot_flow: Vec<u32>,
+    window: PInstant,
+    saturated: bool,
+}
+
+/// State shared by the connections of one worker.
+struct Core {
+    cfg: Smb2Config,
+    store: Box<dyn Store>,
+    next_session: u64,
+    next_file: u64,
+    next_token: u64,
+    server_guid: Guid,
+    salt_seed: u64,
+    now: PInstant,
+    clock: std::time::Instant,
+    qos: WorkerQos,
+    /// Held messages by token.
+    execs: HashMap<u64, Exec>,
+    /// Store writes finishing after an RDMA Read, by tag.
+    posts: HashMap<u64, PostWrite>,
+    wakes: VecDeque<(ConnId, u64)>,
+    events: VecDeque<UpperEvent>,
+    /// Inline READ data from the store.
+    rbuf: Vec<u8>,
+    sessions: u64,
+    opens: u64,
+    gauges_dirty: bool,
+    full_logged_at: u64,
+}
+
+impl core::fmt::Debug for Core {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Core")
+            .field("share", &self.cfg.share)
+            .field("held", &self.execs.len())
+            .finish()
+    }
 }
 
 /// The SMB2 upper layer of one worker.
 #[derive(Debug)]
 pub struct Smb2Server {
-    shared: Shared,
+    core: Core,
     conns: HashMap<ConnId, Conn>,
     scratch: Vec<u8>,
 }
 
-impl Default for Smb2Server {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Smb2Server {
-    /// A server with an empty `data` share.
-    pub fn new() -> Self {
+    /// A server for one worker, on its handle of the share's store.
+    pub fn new(cfg: Smb2Config, store: Box<dyn Store>) -> Self {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -165,14 +403,40 @@ impl Smb2Server {
         let mut g = [0u8; 16];
         g[..8].copy_from_slice(&seed.to_le_bytes());
         g[8..].copy_from_slice(b"smbdrct\0");
+        let clock = std::time::Instant::now();
+        let sc = SchedulerConfig {
+            max_flows: cfg.qos_max_flows.max(1),
+            max_queued: cfg.qos_max_queued.max(1),
+            ..SchedulerConfig::default()
+        };
         Smb2Server {
-            shared: Shared {
-                store: MemStore::new(DEFAULT_STORE_BYTES),
+            core: Core {
+                qos: WorkerQos {
+                    sched: Scheduler::new(sc, PInstant::ZERO),
+                    by_flow: HashMap::with_capacity(sc.max_flows),
+                    slot_flow: vec![u32::MAX; sc.max_flows],
+                    window: PInstant::ZERO,
+                    saturated: false,
+                },
+                cfg,
+                store,
                 // Distinct per worker and run: high bits from the clock.
                 next_session: (seed & 0xFFFF_FFFF_0000) | 1,
                 next_file: 1,
+                next_token: 1,
                 server_guid: Guid::from_bytes(g),
                 salt_seed: seed | 1,
+                now: PInstant::ZERO,
+                clock,
+                execs: HashMap::with_capacity(1024),
+                posts: HashMap::with_capacity(256),
+                wakes: VecDeque::with_capacity(1024),
+                events: VecDeque::with_capacity(256),
+                rbuf: vec![0u8; MAX_INLINE as usize],
+                sessions: 0,
+                opens: 0,
+                gauges_dirty: false,
+                full_logged_at: u64::MAX,
             },
             conns: HashMap::new(),
             scratch: vec![0u8; SCRATCH_LEN],
@@ -215,54 +479,319 @@ fn push<B: Smb2Body + ?Sized>(w: &mut CompoundWriter<'_>, h: &HeaderRepr, body: 
     }
 }
 
-/// A request name: relative, no `.`/`..` components, no streams.
-fn valid_name(name: &str) -> bool {
-    !name.starts_with('\\')
-        && !name.contains(':')
-        && !name.contains('/')
-        && name
-            .split('\\')
-            .all(|c| !c.is_empty() && c != "." && c != "..")
-}
-
-fn store_status(e: StoreError) -> NtStatus {
-    match e {
-        StoreError::NotFound => STATUS_FILE_CLOSED,
-        StoreError::Full => STATUS_DISK_FULL,
-    }
-}
-
 /// [MS-SMB2] 3.3.5.2.5: a large READ/WRITE must be paid for.
 fn charge_ok(h: &HeaderRepr, payload: u32) -> bool {
     h.credit_charge.max(1) >= HeaderRepr::credit_charge_for(u64::from(payload))
 }
 
-impl Shared {
-    #[allow(clippy::too_many_arguments)]
+fn disposition(d: CreateDisposition) -> Option<Disposition> {
+    Some(if d == CreateDisposition::SUPERSEDE {
+        Disposition::Supersede
+    } else if d == CreateDisposition::OPEN {
+        Disposition::Open
+    } else if d == CreateDisposition::CREATE {
+        Disposition::Create
+    } else if d == CreateDisposition::OPEN_IF {
+        Disposition::OpenIf
+    } else if d == CreateDisposition::OVERWRITE {
+        Disposition::Overwrite
+    } else if d == CreateDisposition::OVERWRITE_IF {
+        Disposition::OverwriteIf
+    } else {
+        return None;
+    })
+}
+
+fn action(a: store::Action) -> CreateAction {
+    match a {
+        store::Action::Superseded => CreateAction::SUPERSEDED,
+        store::Action::Opened => CreateAction::OPENED,
+        store::Action::Created => CreateAction::CREATED,
+        store::Action::Overwritten => CreateAction::OVERWRITTEN,
+    }
+}
+
+fn attributes(is_dir: bool) -> FileAttributes {
+    if is_dir {
+        FileAttributes::DIRECTORY
+    } else {
+        FileAttributes::ARCHIVE
+    }
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
+        .unwrap_or(0)
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
+        .unwrap_or(0)
+}
+
+/// RDMA context mode: answered from the context on completion.
+const MODE_FAST: u8 = 1;
+/// RDMA context mode: the message is held; completion resumes it.
+const MODE_HELD: u8 = 2;
+
+/// Checks an RDMA channel ([MS-SMB2] 3.3.5.12/3.3.5.13) and returns its
+/// descriptor bytes (validated again by the worker when the transfer is
+/// staged: zero-length or wrapping descriptors, a total shorter than the
+/// transfer).
+fn rdma_channel<'a>(
+    ch: Channel,
+    dialect: Dialect,
+    info: ChannelInfo<'a>,
+    len: u32,
+    max_rw: u32,
+) -> Result<&'a [u8], NtStatus> {
+    if ch == Channel::RdmaV1Invalidate && dialect == Dialect::SMB_3_0 {
+        return Err(STATUS_INVALID_PARAMETER);
+    }
+    if len > max_rw {
+        return Err(STATUS_INVALID_PARAMETER);
+    }
+    let descs = info.as_bytes().unwrap_or(&[]);
+    if descs.is_empty() || descs.len() % 16 != 0 {
+        return Err(STATUS_INVALID_PARAMETER);
+    }
+    Ok(descs)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan<'a>(
+    kind: RdmaKind,
+    descs: &'a [u8],
+    len: u32,
+    ch: Channel,
+    fid: FileId,
+    handle: Handle,
+    file_offset: u64,
+    mode: u8,
+    tag: u64,
+    response: HeaderRepr,
+) -> Plan<'a> {
+    // Context: [0] invalidate, [1] mode, [4..8] first token, [8..16]
+    // volatile FileId, [16..24] persistent FileId, [24..28] length,
+    // [32..40] file offset, [40..48] tag, [48..112] response header.
+    let mut ctx = [0u8; CTX_LEN];
+    if ch == Channel::RdmaV1Invalidate {
+        ctx[0] = 1;
+        ctx[4..8].copy_from_slice(&descs[8..12]);
+    }
+    ctx[1] = mode;
+    ctx[8..16].copy_from_slice(&fid.volatile.to_le_bytes());
+    ctx[16..24].copy_from_slice(&fid.persistent.to_le_bytes());
+    ctx[24..28].copy_from_slice(&len.to_le_bytes());
+    ctx[32..40].copy_from_slice(&file_offset.to_le_bytes());
+    ctx[40..48].copy_from_slice(&tag.to_le_bytes());
+    let _ = response.emit(&mut ctx[CTX_HEADER..]);
+    Plan {
+        kind,
+        descs,
+        len,
+        handle,
+        file_offset,
+        ctx,
+        response,
+    }
+}
+
+/// The response to a READ or WRITE whose data moved by RDMA: `n` bytes.
+fn rdma_response(kind: RdmaKind, h: &HeaderRepr, n: u32, buf: &mut [u8]) -> Option<usize> {
+    match kind {
+        // [MS-SMB2] 3.3.5.12: the data went to the client's buffer.
+        RdmaKind::Write => emit_message(
+            h,
+            &ReadResponseRepr {
+                data: &[],
+                data_remaining: n,
+                flags: 0,
+            },
+            buf,
+        )
+        .ok(),
+        RdmaKind::Read => emit_message(h, &WriteResponseRepr { count: n }, buf).ok(),
+    }
+}
+
+fn error_message(h: &HeaderRepr, st: NtStatus, buf: &mut [u8]) -> Option<usize> {
+    let mut h = *h;
+    h.status = st;
+    emit_message(&h, &ErrorResponseRepr::EMPTY, buf).ok()
+}
+
+impl Core {
+    fn token(&mut self) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    /// Runs the requests of `msg` from `ex.next` on. Returns once every
+    /// request has run (the responses queued through `out`), or one waits
+    /// (the message is held and `ex` kept).
+    fn run(
+        &mut self,
+        c: &mut Conn,
+        msg: &[u8],
+        mut ex: Exec,
+        scratch: &mut [u8],
+        out: &mut Replies<'_>,
+    ) {
+        let max_rw = out.max_read_write_size();
+        let mut w = CompoundWriter::new(scratch);
+        let mut fast: Option<Plan<'_>> = None;
+        let mut hold = false;
+        let mut disconnect = false;
+        let mut it = compound(msg).skip(ex.next).peekable();
+        while let Some(m) = it.next() {
+            let Ok(m) = m else {
+                // Every chain-walk failure is a Disconnect
+                // (`Smb2Error::server_action`): the chain cannot be delimited.
+                disconnect = true;
+                break;
+            };
+            let last = it.peek().is_none();
+            match self.execute(c, &m, &mut ex, &mut w, max_rw, last) {
+                Step::Done => ex.advance(),
+                Step::Rdma(p) if last => fast = Some(p),
+                Step::Rdma(p) => match self.stage(&p, out) {
+                    Ok(()) => {
+                        ex.rdma_staged = true;
+                        ex.wait = Some(Wait::Rdma);
+                        ex.ready = false;
+                        hold = true;
+                        break;
+                    }
+                    Err(RdmaError::Backpressure(_)) => {
+                        // Retry from a wake (the request's MessageIds are
+                        // consumed: it must not run from scratch).
+                        ex.ready = true;
+                        self.wakes.push_back((ex.conn, ex.token));
+                        hold = true;
+                        break;
+                    }
+                    Err(e) => {
+                        let mut h = p.response;
+                        h.status = e.status();
+                        push(&mut w, &h, &ErrorResponseRepr::EMPTY);
+                        ex.advance();
+                    }
+                },
+                Step::Hold(wait) => {
+                    ex.wait = Some(wait);
+                    ex.ready = false;
+                    hold = true;
+                    break;
+                }
+                Step::Disconnect => {
+                    disconnect = true;
+                    break;
+                }
+            }
+        }
+        if disconnect {
+            // [MS-SMB2] 3.3.5.2: the request calls for a disconnect; the
+            // worker terminates the connection (the control plane logs it).
+            c.dead = true;
+            out.disconnect();
+            return;
+        }
+        if let Some(p) = fast {
+            match self.stage(&p, out) {
+                Ok(()) => ex.advance(),
+                Err(RdmaError::Backpressure(_)) => {
+                    ex.ready = true;
+                    self.wakes.push_back((ex.conn, ex.token));
+                    hold = true;
+                }
+                Err(e) => {
+                    // Malformed descriptors: this request fails, the
+                    // connection goes on.
+                    let mut h = p.response;
+                    h.status = e.status();
+                    push(&mut w, &h, &ErrorResponseRepr::EMPTY);
+                    ex.advance();
+                }
+            }
+        }
+        let len = w.finish();
+        if len > 0 {
+            let invalidate = ex.invalidate.take();
+            let fill = |b: &mut [u8]| b.copy_from_slice(&scratch[..len]);
+            let r = match invalidate {
+                Some(t) => out.reply_with_invalidate(len, t, fill),
+                None => out.reply(len, fill),
+            };
+            if r.is_err() {
+                ex.pending_reply = Some((scratch[..len].to_vec(), invalidate));
+                if !hold {
+                    hold = true;
+                    ex.ready = true;
+                    self.wakes.push_back((ex.conn, ex.token));
+                }
+            }
+        }
+        if hold {
+            out.hold(ex.token);
+            self.execs.insert(ex.token, ex);
+        }
+    }
+
+    fn stage(&mut self, p: &Plan<'_>, out: &mut Replies<'_>) -> Result<(), RdmaError> {
+        let tag = le64(&p.ctx, 40);
+        match p.kind {
+            RdmaKind::Write => {
+                let store = &mut self.store;
+                out.rdma_write(p.descs, 0, p.len, &p.ctx, |b| {
+                    store.copy_out(tag, p.handle, p.file_offset, b)
+                })
+            }
+            RdmaKind::Read => out.rdma_read(p.descs, 0, p.len, &p.ctx),
+        }
+        .map(|_| ())
+    }
+
     fn execute<'a>(
         &mut self,
         c: &mut Conn,
         m: &smbdirect_protocol::smb2::Message<'a>,
-        chain: &mut Chain,
+        ex: &mut Exec,
         w: &mut CompoundWriter<'_>,
-        last: bool,
         max_rw: u32,
+        last: bool,
     ) -> Step<'a> {
         let req = *m.header();
         if req.is_response() {
             return Step::Disconnect;
         }
         let (session, tree) = if m.is_related() {
-            (chain.session, chain.tree)
+            (ex.chain.session, ex.chain.tree)
         } else {
             (req.session_id, req.tree_id().unwrap_or(0))
         };
-        chain.session = session;
-        chain.tree = tree;
+        ex.chain.session = session;
+        ex.chain.tree = tree;
         if req.command == Command::Cancel {
-            return Step::Done; // no response ([MS-SMB2] 3.3.5.16); nothing is async yet
+            // No response ([MS-SMB2] 3.3.5.16); waiting requests finish on
+            // their own shortly (QoS queues and disks drain).
+            return Step::Done;
         }
-        let grant = c.grant(&req);
+        let grant = match ex.grant {
+            Some(g) => g,
+            None => match c.sequence_and_grant(&req) {
+                Some(g) => {
+                    ex.grant = Some(g);
+                    g
+                }
+                // 3.3.5.2.3: a MessageId outside the CommandSequenceWindow
+                // or used twice (see docs/spec-notes.md).
+                None => return Step::Disconnect,
+            },
+        };
         let body = match m.request_body() {
             Ok(b) => b,
             Err(e) => match e.server_action() {
@@ -277,12 +806,12 @@ impl Shared {
                 }
             },
         };
-        match self.handle(c, &req, body, chain, w, last, max_rw, grant, session, tree) {
+        match self.handle(c, &req, body, ex, w, max_rw, grant, session, tree, last) {
             Ok(step) => step,
             Err(st) => {
                 push(
                     w,
-                    &resp_header(&req, st, grant, chain.session, chain.tree),
+                    &resp_header(&req, st, grant, ex.chain.session, ex.chain.tree),
                     &ErrorResponseRepr::EMPTY,
                 );
                 Step::Done
@@ -290,21 +819,121 @@ impl Shared {
         }
     }
 
-    fn lookup<'c>(
-        c: &'c Conn,
-        fid: FileId,
-        chain: &Chain,
-        related: bool,
-    ) -> Result<(FileId, &'c Open), NtStatus> {
+    fn lookup(c: &Conn, fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
         let fid = if related && fid == FileId::ANY {
             chain.file.ok_or(STATUS_INVALID_PARAMETER)?
         } else {
             fid
         };
         match c.opens.get(&fid.volatile) {
-            Some(o) if o.persistent == fid.persistent => Ok((fid, o)),
+            Some(o) if o.persistent == fid.persistent => Ok(fid),
             _ => Err(STATUS_FILE_CLOSED),
         }
+    }
+
+    /// Storage QoS admission of `bytes` of I/O on `open`'s flow: at once
+    /// when nothing waits and the limits allow, else through the queue.
+    fn admit(
+        &mut self,
+        flow: Option<FlowSlot>,
+        ex: &mut Exec,
+        bytes: u64,
+    ) -> Result<bool, NtStatus> {
+        let Some(slot) = flow else {
+            return Ok(true);
+        };
+        if ex.admitted {
+            return Ok(true);
+        }
+        if ex.queued {
+            return Ok(false);
+        }
+        if self.qos.sched.try_now(self.now, slot, bytes) {
+            ex.admitted = true;
+            return Ok(true);
+        }
+        match self.qos.sched.enqueue(slot, ex.token, bytes) {
+            Ok(()) => {
+                ex.queued = true;
+                self.gauges_dirty = true;
+                Ok(false)
+            }
+            // The worker's queue is full: the request is refused rather
+            // than admitted over the limit.
+            Err(_) => Err(STATUS_INSUFFICIENT_RESOURCES),
+        }
+    }
+
+    fn close_open(&mut self, conn: ConnId, o: Open) {
+        self.store.close(o.handle);
+        if let Some(s) = o.flow {
+            self.release_slot(s);
+        }
+        if o.qos_named {
+            self.events.push_back(UpperEvent::OpenClosed {
+                conn,
+                open: o.persistent,
+            });
+        }
+        self.opens = self.opens.saturating_sub(1);
+        self.gauges_dirty = true;
+    }
+
+    fn release_slot(&mut self, s: FlowSlot) {
+        let flow = self.qos.slot_flow[s.index()];
+        if let Some(e) = self.qos.by_flow.get_mut(&flow) {
+            e.1 = e.1.saturating_sub(1);
+            if e.1 == 0 && self.qos.sched.close_flow(s) {
+                self.qos.by_flow.remove(&flow);
+                self.qos.slot_flow[s.index()] = u32::MAX;
+            }
+        }
+    }
+
+    /// Points `o` at the flow the control plane associated it with.
+    fn assign(&mut self, o: &mut Open, flow: Option<QosFlowAssign>) {
+        let now = self.now;
+        let current = o.flow.map(|s| self.qos.slot_flow[s.index()]);
+        if let (Some(cur), Some(f)) = (current, flow) {
+            if cur == f.flow {
+                if let Some(&(s, _)) = self.qos.by_flow.get(&f.flow) {
+                    let _ = self.qos.sched.set_rates(now, s, f.rates);
+                }
+                return;
+            }
+        }
+        if let Some(s) = o.flow.take() {
+            self.release_slot(s);
+        }
+        let Some(f) = flow else { return };
+        let slot = match self.qos.by_flow.get_mut(&f.flow) {
+            Some(e) => {
+                e.1 += 1;
+                let _ = self.qos.sched.set_rates(now, e.0, f.rates);
+                Some(e.0)
+            }
+            None => match self.qos.sched.open_flow(now, f.rates) {
+                Some(s) => {
+                    self.qos.by_flow.insert(f.flow, (s, 1));
+                    self.qos.slot_flow[s.index()] = f.flow;
+                    Some(s)
+                }
+                None => {
+                    // Every flow slot of this worker is taken: the Open's
+                    // I/O is not enforced (logged at most once a second).
+                    let t = self.clock.elapsed().as_secs();
+                    if t != self.full_logged_at {
+                        self.full_logged_at = t;
+                        eprintln!(
+                            "smbdirectd: WARN storage QoS: all {} flow slots of this worker are in use; new flows are not enforced (raise the limit)",
+                            self.cfg.qos_max_flows
+                        );
+                    }
+                    None
+                }
+            },
+        };
+        o.flow = slot;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -313,13 +942,13 @@ impl Shared {
         c: &mut Conn,
         req: &HeaderRepr,
         body: RequestBody<'a>,
-        chain: &mut Chain,
+        ex: &mut Exec,
         w: &mut CompoundWriter<'_>,
-        last: bool,
         max_rw: u32,
         grant: u16,
         session: u64,
         tree: u32,
+        last: bool,
     ) -> Result<Step<'a>, NtStatus> {
         let related = req.is_related();
         let ok = |s: u64, t: u32| resp_header(req, STATUS_SUCCESS, grant, s, t);
@@ -342,6 +971,7 @@ impl Shared {
         if needs_tree && c.tree != Some(tree) {
             return Err(STATUS_NETWORK_NAME_DELETED);
         }
+        let tag = ex.token;
         match body {
             // 3.3.5.3.1: a second NEGOTIATE ends the connection.
             RequestBody::Negotiate(_) => Ok(Step::Disconnect),
@@ -353,10 +983,12 @@ impl Shared {
                         let id = self.next_session;
                         self.next_session += 1;
                         c.session = Some(id);
+                        self.sessions += 1;
+                        self.gauges_dirty = true;
                         id
                     }
                 };
-                chain.session = id;
+                ex.chain.session = id;
                 let flags = if s.security_buffer.is_empty() {
                     SessionFlags::IS_NULL
                 } else {
@@ -372,88 +1004,60 @@ impl Shared {
             RequestBody::Logoff(_) => {
                 c.session = None;
                 c.tree = None;
-                c.opens.clear();
+                self.sessions = self.sessions.saturating_sub(1);
+                for (_, o) in c.opens.drain() {
+                    self.close_open(ex.conn, o);
+                }
                 push(w, &ok(session, tree), &LogoffResponseRepr);
                 Ok(Step::Done)
             }
             RequestBody::TreeConnect(t) => {
                 let path = t.path.decode().map_err(|_| STATUS_INVALID_PARAMETER)?;
                 let share = path.rsplit('\\').next().unwrap_or("");
-                if !share.eq_ignore_ascii_case(SHARE_NAME) {
+                if !share.eq_ignore_ascii_case(&self.cfg.share) {
                     return Err(STATUS_BAD_NETWORK_NAME);
                 }
-                c.tree = Some(DATA_TREE_ID);
-                chain.tree = DATA_TREE_ID;
+                c.tree = Some(SHARE_TREE_ID);
+                ex.chain.tree = SHARE_TREE_ID;
                 let r = TreeConnectResponseRepr {
                     share_type: ShareType::DISK,
                     share_flags: ShareFlags::empty(),
                     capabilities: ShareCapabilities::empty(),
                     maximal_access: AccessMask::from_bits(FILE_ALL_ACCESS),
                 };
-                push(w, &ok(session, DATA_TREE_ID), &r);
+                push(w, &ok(session, SHARE_TREE_ID), &r);
                 Ok(Step::Done)
             }
             RequestBody::TreeDisconnect(_) => {
                 c.tree = None;
-                c.opens.clear();
+                for (_, o) in c.opens.drain() {
+                    self.close_open(ex.conn, o);
+                }
                 push(w, &ok(session, tree), &TreeDisconnectResponseRepr);
                 Ok(Step::Done)
             }
             RequestBody::Create(r) => {
-                let name = r.name.decode().map_err(|_| STATUS_INVALID_PARAMETER)?;
-                let now = filetime_now();
-                let (action, open_name, attrs, eof) = if name.is_empty() {
-                    (CreateAction::OPENED, None, FileAttributes::DIRECTORY, 0)
-                } else {
-                    if !valid_name(&name) {
-                        return Err(STATUS_INVALID_PARAMETER);
-                    }
-                    if r.create_options.contains(CreateOptions::DIRECTORY_FILE) {
-                        return Err(STATUS_NOT_SUPPORTED);
-                    }
-                    let exists = self.store.exists(&name);
-                    let d = r.create_disposition;
-                    let action = if d == CreateDisposition::SUPERSEDE {
-                        if exists {
-                            CreateAction::SUPERSEDED
-                        } else {
-                            CreateAction::CREATED
-                        }
-                    } else if d == CreateDisposition::OPEN {
-                        if !exists {
-                            return Err(STATUS_OBJECT_NAME_NOT_FOUND);
-                        }
-                        CreateAction::OPENED
-                    } else if d == CreateDisposition::CREATE {
-                        if exists {
-                            return Err(STATUS_OBJECT_NAME_COLLISION);
-                        }
-                        CreateAction::CREATED
-                    } else if d == CreateDisposition::OPEN_IF {
-                        if exists {
-                            CreateAction::OPENED
-                        } else {
-                            CreateAction::CREATED
-                        }
-                    } else if d == CreateDisposition::OVERWRITE {
-                        if !exists {
-                            return Err(STATUS_OBJECT_NAME_NOT_FOUND);
-                        }
-                        CreateAction::OVERWRITTEN
-                    } else if d == CreateDisposition::OVERWRITE_IF {
-                        if exists {
-                            CreateAction::OVERWRITTEN
-                        } else {
-                            CreateAction::CREATED
-                        }
-                    } else {
-                        return Err(STATUS_INVALID_PARAMETER);
-                    };
-                    if action != CreateAction::OPENED {
-                        self.store.create_or_truncate(&name);
-                    }
-                    let eof = self.store.size(&name).unwrap_or(0);
-                    (action, Some(name), FileAttributes::ARCHIVE, eof)
+                let name = r.name.decode().map_err(|_| STATUS_OBJECT_NAME_INVALID)?;
+                if !store::valid_path(&name) {
+                    return Err(STATUS_OBJECT_NAME_INVALID);
+                }
+                let disposition =
+                    disposition(r.create_disposition).ok_or(STATUS_INVALID_PARAMETER)?;
+                let directory = r.create_options.contains(CreateOptions::DIRECTORY_FILE);
+                if directory && !store::disposition_allows_directory(disposition) {
+                    // [MS-FSA] 2.1.5.1: a directory is never superseded or
+                    // overwritten.
+                    return Err(STATUS_INVALID_PARAMETER);
+                }
+                let oreq = OpenRequest {
+                    path: &name,
+                    disposition,
+                    directory,
+                    non_directory: r.create_options.contains(CreateOptions::NON_DIRECTORY_FILE),
+                };
+                let (handle, act, info) = match self.store.open(tag, &oreq) {
+                    Poll::Pending => return Ok(Step::Hold(Wait::Store)),
+                    Poll::Ready(r) => r.map_err(|e| e.status())?,
                 };
                 let id = self.next_file;
                 self.next_file += 1;
@@ -465,21 +1069,26 @@ impl Shared {
                     id,
                     Open {
                         persistent: id,
-                        name: open_name,
+                        handle,
+                        is_dir: info.is_dir,
+                        flow: None,
+                        qos_named: false,
                     },
                 );
-                chain.file = Some(fid);
+                self.opens += 1;
+                self.gauges_dirty = true;
+                ex.chain.file = Some(fid);
                 let resp = CreateResponseRepr {
                     oplock_level: OplockLevel::NONE,
                     flags: CreateResponseFlags::empty(),
-                    create_action: action,
-                    creation_time: now,
-                    last_access_time: now,
-                    last_write_time: now,
-                    change_time: now,
-                    allocation_size: eof,
-                    end_of_file: eof,
-                    file_attributes: attrs,
+                    create_action: action(act),
+                    creation_time: info.creation_time,
+                    last_access_time: info.last_access_time,
+                    last_write_time: info.last_write_time,
+                    change_time: info.change_time,
+                    allocation_size: info.allocation,
+                    end_of_file: info.size,
+                    file_attributes: attributes(info.is_dir),
                     file_id: fid,
                     create_contexts: CreateContextList::EMPTY,
                 };
@@ -487,7 +1096,8 @@ impl Shared {
                 Ok(Step::Done)
             }
             RequestBody::Close(r) => {
-                let (fid, open) = Self::lookup(c, r.file_id, chain, related)?;
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                let handle = c.opens[&fid.volatile].handle;
                 let mut resp = CloseResponseRepr {
                     flags: CloseFlags::empty(),
                     creation_time: 0,
@@ -499,33 +1109,34 @@ impl Shared {
                     file_attributes: FileAttributes::empty(),
                 };
                 if r.flags.contains(CloseFlags::POSTQUERY_ATTRIB) {
-                    let now = filetime_now();
-                    let eof = open
-                        .name
-                        .as_deref()
-                        .and_then(|n| self.store.size(n))
-                        .unwrap_or(0);
+                    let info = match self.store.stat(tag, handle) {
+                        Poll::Pending => return Ok(Step::Hold(Wait::Store)),
+                        Poll::Ready(r) => r.map_err(|e| e.status())?,
+                    };
                     resp = CloseResponseRepr {
                         flags: CloseFlags::POSTQUERY_ATTRIB,
-                        creation_time: now,
-                        last_access_time: now,
-                        last_write_time: now,
-                        change_time: now,
-                        allocation_size: eof,
-                        end_of_file: eof,
-                        file_attributes: if open.name.is_some() {
-                            FileAttributes::ARCHIVE
-                        } else {
-                            FileAttributes::DIRECTORY
-                        },
+                        creation_time: info.creation_time,
+                        last_access_time: info.last_access_time,
+                        last_write_time: info.last_write_time,
+                        change_time: info.change_time,
+                        allocation_size: info.allocation,
+                        end_of_file: info.size,
+                        file_attributes: attributes(info.is_dir),
                     };
                 }
-                c.opens.remove(&fid.volatile);
+                if let Some(o) = c.opens.remove(&fid.volatile) {
+                    self.close_open(ex.conn, o);
+                }
                 push(w, &ok(session, tree), &resp);
                 Ok(Step::Done)
             }
             RequestBody::Flush(r) => {
-                Self::lookup(c, r.file_id, chain, related)?;
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                let handle = c.opens[&fid.volatile].handle;
+                match self.store.flush(tag, handle) {
+                    Poll::Pending => return Ok(Step::Hold(Wait::Store)),
+                    Poll::Ready(r) => r.map_err(|e| e.status())?,
+                }
                 push(w, &ok(session, tree), &FlushResponseRepr);
                 Ok(Step::Done)
             }
@@ -533,92 +1144,184 @@ impl Shared {
                 push(w, &ok(session, tree), &EchoResponseRepr);
                 Ok(Step::Done)
             }
-            RequestBody::Ioctl(_r) => {
-                // FSCTL_STORAGE_QOS_CONTROL ([MS-SQOS]) is refused for now:
-                // the control-plane QoS path comes next. Every other code
-                // is not supported by this server either.
-                Err(STATUS_NOT_SUPPORTED)
+            RequestBody::Ioctl(r) => {
+                // [MS-SMB2] 3.3.5.15: only FSCTL_STORAGE_QOS_CONTROL
+                // ([MS-SQOS] 3.2.5.1) is served; it is an FSCTL on an open.
+                if r.ctl_code != FSCTL_STORAGE_QOS_CONTROL
+                    || !r.flags.contains(IoctlFlags::IS_FSCTL)
+                {
+                    return Err(STATUS_NOT_SUPPORTED);
+                }
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                let answer = match ex.ioctl.take() {
+                    Some(a) => a,
+                    None => {
+                        if ex.queued {
+                            return Ok(Step::Hold(Wait::Ioctl));
+                        }
+                        if r.input.len() > MAX_QOS_REQUEST {
+                            return Err(STATUS_INVALID_PARAMETER);
+                        }
+                        let o = c.opens.get_mut(&fid.volatile).expect("looked up");
+                        o.qos_named = true;
+                        self.events.push_back(UpperEvent::QosRequest {
+                            conn: ex.conn,
+                            token: ex.token,
+                            open: o.persistent,
+                            is_file: !o.is_dir,
+                            request: r.input.into(),
+                            max_output: r.max_output_response,
+                        });
+                        ex.queued = true;
+                        return Ok(Step::Hold(Wait::Ioctl));
+                    }
+                };
+                let output = answer?;
+                let resp = IoctlResponseRepr {
+                    ctl_code: r.ctl_code,
+                    file_id: fid,
+                    input: &[],
+                    output: output.as_deref().unwrap_or(&[]),
+                    flags: 0,
+                };
+                push(w, &ok(session, tree), &resp);
+                Ok(Step::Done)
             }
             RequestBody::Cancel(_) => Ok(Step::Done),
             RequestBody::Read(r) => {
-                let (fid, open) = Self::lookup(c, r.file_id, chain, related)?;
-                let name = open.name.as_deref().ok_or(STATUS_INVALID_DEVICE_REQUEST)?;
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                let o = &c.opens[&fid.volatile];
+                if o.is_dir {
+                    return Err(STATUS_INVALID_DEVICE_REQUEST);
+                }
+                let (handle, flow) = (o.handle, o.flow);
                 if !charge_ok(req, r.length) {
                     return Err(STATUS_INVALID_PARAMETER);
                 }
-                let size = self.store.size(name).ok_or(STATUS_FILE_CLOSED)?;
-                let avail = size.saturating_sub(r.offset).min(u64::from(r.length)) as u32;
-                if (avail == 0 && r.length > 0) || avail < r.minimum_count {
-                    return Err(STATUS_END_OF_FILE);
+                let rdma = r.channel.is_rdma();
+                if ex.rdma_staged {
+                    // Resumed after its RDMA Write (not last in its compound).
+                    let n = ex.rdma.take().unwrap_or(Err(STATUS_UNEXPECTED_IO_ERROR))?;
+                    if r.channel == Channel::RdmaV1Invalidate {
+                        ex.invalidate = r.channel_info.as_bytes().map(|d| le32(d, 8));
+                    }
+                    let resp = ReadResponseRepr {
+                        data: &[],
+                        data_remaining: n,
+                        flags: 0,
+                    };
+                    push(w, &ok(session, tree), &resp);
+                    return Ok(Step::Done);
                 }
-                match r.channel {
+                let descs = match r.channel {
                     Channel::None => {
                         if r.length > MAX_INLINE {
                             return Err(STATUS_INVALID_PARAMETER);
                         }
-                        let data = self
-                            .store
-                            .read(name, r.offset, avail as usize)
-                            .map_err(store_status)?;
+                        None
+                    }
+                    ch if rdma => {
+                        Some(rdma_channel(ch, dialect, r.channel_info, r.length, max_rw)?)
+                    }
+                    _ => return Err(STATUS_INVALID_PARAMETER),
+                };
+                if !self.admit(flow, ex, u64::from(r.length))? {
+                    return Ok(Step::Hold(Wait::Qos));
+                }
+                let avail = match self.store.read(tag, handle, r.offset, r.length) {
+                    Poll::Pending => return Ok(Step::Hold(Wait::Store)),
+                    Poll::Ready(n) => n.map_err(|e| e.status())?,
+                };
+                if (avail == 0 && r.length > 0) || avail < r.minimum_count {
+                    self.store.cancel(tag);
+                    return Err(STATUS_END_OF_FILE);
+                }
+                match descs {
+                    None => {
+                        let n = avail as usize;
+                        self.store
+                            .copy_out(tag, handle, r.offset, &mut self.rbuf[..n]);
                         let resp = ReadResponseRepr {
-                            data,
+                            data: &self.rbuf[..n],
                             data_remaining: 0,
                             flags: 0,
                         };
                         push(w, &ok(session, tree), &resp);
                         Ok(Step::Done)
                     }
-                    ch if ch.is_rdma() => {
-                        let descs = rdma_channel(ch, dialect, r.channel_info, last, avail, max_rw)?;
-                        let name = name.to_string();
-                        Ok(Step::Rdma(plan(
-                            RdmaKind::Write,
-                            descs,
-                            avail,
-                            ch,
-                            fid,
-                            r.offset,
-                            name,
-                            *req,
-                            ok(session, tree),
-                        )))
-                    }
-                    _ => Err(STATUS_INVALID_PARAMETER),
+                    Some(descs) => Ok(Step::Rdma(plan(
+                        RdmaKind::Write,
+                        descs,
+                        avail,
+                        r.channel,
+                        fid,
+                        handle,
+                        r.offset,
+                        if last { MODE_FAST } else { MODE_HELD },
+                        tag,
+                        ok(session, tree),
+                    ))),
                 }
             }
             RequestBody::Write(r) => {
-                let (fid, open) = Self::lookup(c, r.file_id, chain, related)?;
-                let name = open.name.as_deref().ok_or(STATUS_INVALID_DEVICE_REQUEST)?;
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                let o = &c.opens[&fid.volatile];
+                if o.is_dir {
+                    return Err(STATUS_INVALID_DEVICE_REQUEST);
+                }
+                let (handle, flow) = (o.handle, o.flow);
                 match r.channel {
                     Channel::None => {
                         let len = r.data.len() as u32;
                         if !charge_ok(req, len) {
                             return Err(STATUS_INVALID_PARAMETER);
                         }
-                        self.store
-                            .write(name, r.offset, r.data)
-                            .map_err(store_status)?;
-                        push(w, &ok(session, tree), &WriteResponseRepr { count: len });
+                        if !self.admit(flow, ex, u64::from(len))? {
+                            return Ok(Step::Hold(Wait::Qos));
+                        }
+                        let n = match self.store.write(tag, handle, r.offset, r.data) {
+                            Poll::Pending => return Ok(Step::Hold(Wait::Store)),
+                            Poll::Ready(n) => n.map_err(|e| e.status())?,
+                        };
+                        push(w, &ok(session, tree), &WriteResponseRepr { count: n });
                         Ok(Step::Done)
                     }
                     ch if ch.is_rdma() => {
                         // 3.3.5.13: the data travels by RDMA; RemainingBytes
                         // is its length and no data may be inline.
                         let len = r.remaining_bytes;
+                        if ex.rdma_staged {
+                            let n = if ex.rdma_store {
+                                match self.store.write(tag, handle, r.offset, &[]) {
+                                    Poll::Pending => return Ok(Step::Hold(Wait::Store)),
+                                    Poll::Ready(n) => n.map_err(|e| e.status())?,
+                                }
+                            } else {
+                                ex.rdma.take().unwrap_or(Err(STATUS_UNEXPECTED_IO_ERROR))?
+                            };
+                            if ch == Channel::RdmaV1Invalidate {
+                                ex.invalidate = r.channel_info.as_bytes().map(|d| le32(d, 8));
+                            }
+                            push(w, &ok(session, tree), &WriteResponseRepr { count: n });
+                            return Ok(Step::Done);
+                        }
                         if !r.data.is_empty() || len == 0 || !charge_ok(req, len) {
                             return Err(STATUS_INVALID_PARAMETER);
                         }
-                        let descs = rdma_channel(ch, dialect, r.channel_info, last, len, max_rw)?;
-                        let name = name.to_string();
+                        let descs = rdma_channel(ch, dialect, r.channel_info, len, max_rw)?;
+                        if !self.admit(flow, ex, u64::from(len))? {
+                            return Ok(Step::Hold(Wait::Qos));
+                        }
                         Ok(Step::Rdma(plan(
                             RdmaKind::Read,
                             descs,
                             len,
                             ch,
                             fid,
+                            handle,
                             r.offset,
-                            name,
-                            *req,
+                            if last { MODE_FAST } else { MODE_HELD },
+                            tag,
                             ok(session, tree),
                         )))
                     }
@@ -694,85 +1397,64 @@ impl Shared {
         push(w, &resp_header(req, STATUS_SUCCESS, grant, 0, 0), &r);
         Ok(Step::Done)
     }
-}
 
-/// Checks an RDMA channel ([MS-SMB2] 3.3.5.12/3.3.5.13) and returns its
-/// descriptor bytes (validated by the worker when the transfer is staged).
-fn rdma_channel<'a>(
-    ch: Channel,
-    dialect: Dialect,
-    info: ChannelInfo<'a>,
-    last: bool,
-    len: u32,
-    max_rw: u32,
-) -> Result<&'a [u8], NtStatus> {
-    if ch == Channel::RdmaV1Invalidate && dialect == Dialect::SMB_3_0 {
-        return Err(STATUS_INVALID_PARAMETER);
-    }
-    if !last {
-        return Err(STATUS_NOT_SUPPORTED);
-    }
-    if len > max_rw {
-        return Err(STATUS_INVALID_PARAMETER);
-    }
-    let descs = info.as_bytes().unwrap_or(&[]);
-    if descs.is_empty() || descs.len() % 16 != 0 {
-        return Err(STATUS_INVALID_PARAMETER);
-    }
-    Ok(descs)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn plan<'a>(
-    kind: RdmaKind,
-    descs: &'a [u8],
-    len: u32,
-    ch: Channel,
-    fid: FileId,
-    file_offset: u64,
-    name: String,
-    request: HeaderRepr,
-    response: HeaderRepr,
-) -> Plan<'a> {
-    // Context: [0] invalidate, [4..8] first token, [8..16] volatile FileId,
-    // [16..24] persistent FileId, [24..28] length, [32..40] file offset,
-    // [40..104] response header.
-    let mut ctx = [0u8; CTX_LEN];
-    if ch == Channel::RdmaV1Invalidate {
-        ctx[0] = 1;
-        ctx[4..8].copy_from_slice(&descs[8..12]);
-    }
-    ctx[8..16].copy_from_slice(&fid.volatile.to_le_bytes());
-    ctx[16..24].copy_from_slice(&fid.persistent.to_le_bytes());
-    ctx[24..28].copy_from_slice(&len.to_le_bytes());
-    ctx[32..40].copy_from_slice(&file_offset.to_le_bytes());
-    let _ = response.emit(&mut ctx[CTX_HEADER..]);
-    Plan {
-        kind,
-        descs,
-        len,
-        ctx,
-        name,
-        file_offset,
-        request,
-        response,
+    /// The data of a last-request RDMA Read (a WRITE's data) is here:
+    /// store it and answer, or wait for the store.
+    fn finish_write(
+        &mut self,
+        conn: ConnId,
+        handle: Handle,
+        offset: u64,
+        data: &[u8],
+        ctx: &[u8],
+        out: &mut Replies<'_>,
+    ) -> Result<(), Backpressure> {
+        let tag = le64(ctx, 40);
+        let Ok(h) = HeaderRepr::from_bytes(ctx.get(CTX_HEADER..).unwrap_or(&[])) else {
+            return Ok(());
+        };
+        let r = match self.store.write(tag, handle, offset, data) {
+            Poll::Pending => {
+                let mut c = [0u8; CTX_LEN];
+                c.copy_from_slice(&ctx[..CTX_LEN]);
+                self.posts.insert(
+                    tag,
+                    PostWrite {
+                        conn,
+                        handle,
+                        offset,
+                        ctx: c,
+                        result: None,
+                    },
+                );
+                return Ok(());
+            }
+            Poll::Ready(r) => r,
+        };
+        let mut buf = [0u8; HEADER_LEN + 64];
+        let n = match r {
+            Ok(n) => rdma_response(RdmaKind::Read, &h, n, &mut buf),
+            Err(e) => error_message(&h, e.status(), &mut buf),
+        };
+        reply_ctx(ctx, n, &buf, out)
     }
 }
 
-fn le32(b: &[u8], at: usize) -> u32 {
-    b.get(at..at + 4)
-        .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
-        .unwrap_or(0)
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8)
-        .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
-        .unwrap_or(0)
-}
-
-fn first_message_id(msg: &[u8]) -> u64 {
-    le64(msg, 24)
+/// Sends a response built from an RDMA context (with Send with Invalidate
+/// when the request asked for it).
+fn reply_ctx(
+    ctx: &[u8],
+    n: Option<usize>,
+    buf: &[u8],
+    out: &mut Replies<'_>,
+) -> Result<(), Backpressure> {
+    let Some(n) = n else { return Ok(()) };
+    let fill = |b: &mut [u8]| b.copy_from_slice(&buf[..n]);
+    if ctx[0] == 1 {
+        out.reply_with_invalidate(n, le32(ctx, 4), fill)
+    } else {
+        out.reply(n, fill)
+    }
 }
 
 impl UpperLayer for Smb2Server {
@@ -790,90 +1472,74 @@ impl UpperLayer for Smb2Server {
         if c.dead {
             return Ok(());
         }
-        if let Some(p) = c.pending.take() {
-            if p.first_message_id == first_message_id(msg) && p.msg_len == msg.len() {
-                let r = out.reply(p.bytes.len(), |b| b.copy_from_slice(&p.bytes));
-                if r.is_err() {
-                    c.pending = Some(p);
-                }
-                return r;
-            }
-        }
-        let max_rw = out.max_read_write_size();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut w = CompoundWriter::new(&mut scratch);
-        let mut chain = Chain::default();
-        let mut rdma: Option<Plan<'_>> = None;
-        let mut disconnect = false;
-        let mut it = compound(msg).peekable();
-        while let Some(m) = it.next() {
-            let m = match m {
-                Ok(m) => m,
-                Err(_) => {
-                    // Every chain-walk failure is a Disconnect
-                    // (`Smb2Error::server_action`): the chain cannot be delimited.
-                    disconnect = true;
-                    break;
-                }
+        let token = self.core.token();
+        self.core
+            .run(c, msg, Exec::new(conn, token), &mut self.scratch, out);
+        Ok(())
+    }
+
+    fn on_wake(
+        &mut self,
+        conn: ConnId,
+        token: u64,
+        msg: Option<&[u8]>,
+        out: &mut Replies<'_>,
+    ) -> Result<(), Backpressure> {
+        let core = &mut self.core;
+        if let Some(mut p) = core.posts.remove(&token) {
+            let r = match p.result {
+                Some(r) => r,
+                None => match core.store.write(token, p.handle, p.offset, &[]) {
+                    Poll::Pending => {
+                        core.posts.insert(token, p);
+                        return Ok(());
+                    }
+                    Poll::Ready(r) => r,
+                },
             };
-            let last = it.peek().is_none();
-            match self.shared.execute(c, &m, &mut chain, &mut w, last, max_rw) {
-                Step::Done => {}
-                Step::Rdma(p) => rdma = Some(p),
-                Step::Disconnect => {
-                    disconnect = true;
-                    break;
-                }
+            let Ok(h) = HeaderRepr::from_bytes(&p.ctx[CTX_HEADER..]) else {
+                return Ok(());
+            };
+            let mut buf = [0u8; HEADER_LEN + 64];
+            let n = match r {
+                Ok(n) => rdma_response(RdmaKind::Read, &h, n, &mut buf),
+                Err(e) => error_message(&h, e.status(), &mut buf),
+            };
+            if let Err(b) = reply_ctx(&p.ctx, n, &buf, out) {
+                // The store forgot the tag: answer from the kept result.
+                p.result = Some(r);
+                core.posts.insert(token, p);
+                return Err(b);
+            }
+            return Ok(());
+        }
+        let Some(mut ex) = core.execs.remove(&token) else {
+            return Ok(());
+        };
+        let (Some(msg), Some(c)) = (msg, self.conns.get_mut(&conn)) else {
+            return Ok(());
+        };
+        if let Some((p, inv)) = ex.pending_reply.take() {
+            let fill = |b: &mut [u8]| b.copy_from_slice(&p);
+            let r = match inv {
+                Some(t) => out.reply_with_invalidate(p.len(), t, fill),
+                None => out.reply(p.len(), fill),
+            };
+            if let Err(b) = r {
+                ex.pending_reply = Some((p, inv));
+                core.execs.insert(token, ex);
+                return Err(b);
             }
         }
-        let result = if disconnect {
-            // [MS-SMB2] 3.3.5.2: the request calls for a disconnect; the
-            // worker terminates the connection (and the control plane logs it).
-            c.dead = true;
-            out.disconnect();
-            Ok(())
-        } else {
-            let mut res = Ok(());
-            if let Some(p) = rdma {
-                let staged = match p.kind {
-                    RdmaKind::Write => {
-                        let store = &self.shared.store;
-                        out.rdma_write(p.descs, 0, p.len, &p.ctx, |b| {
-                            if let Ok(d) = store.read(&p.name, p.file_offset, b.len()) {
-                                b[..d.len()].copy_from_slice(d);
-                            }
-                        })
-                    }
-                    RdmaKind::Read => out.rdma_read(p.descs, 0, p.len, &p.ctx),
-                };
-                match staged {
-                    Ok(_) => {}
-                    Err(RdmaError::Backpressure(b)) => res = Err(b),
-                    Err(e) => {
-                        // Malformed descriptors: this request fails, the
-                        // connection goes on.
-                        let mut h = p.response;
-                        h.status = e.status();
-                        let _ = p.request;
-                        push(&mut w, &h, &ErrorResponseRepr::EMPTY);
-                    }
-                }
-            }
-            let len = w.finish();
-            if res.is_ok() && len > 0 {
-                res = out.reply(len, |b| b.copy_from_slice(&scratch[..len]));
-                if res.is_err() {
-                    c.pending = Some(Pending {
-                        first_message_id: first_message_id(msg),
-                        msg_len: msg.len(),
-                        bytes: scratch[..len].to_vec(),
-                    });
-                }
-            }
-            res
-        };
-        self.scratch = scratch;
-        result
+        if !ex.ready {
+            // Woken to flush responses only; still waiting.
+            out.hold(token);
+            core.execs.insert(token, ex);
+            return Ok(());
+        }
+        ex.ready = false;
+        core.run(c, msg, ex, &mut self.scratch, out);
+        Ok(())
     }
 
     fn on_rdma_complete(
@@ -882,69 +1548,209 @@ impl UpperLayer for Smb2Server {
         done: &RdmaDone<'_>,
         out: &mut Replies<'_>,
     ) -> Result<(), Backpressure> {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return Ok(());
-        };
         let ctx = done.context;
-        let Ok(mut h) = HeaderRepr::from_bytes(ctx.get(CTX_HEADER..).unwrap_or(&[])) else {
+        if ctx.len() < CTX_LEN {
             return Ok(());
-        };
+        }
+        let tag = le64(ctx, 40);
         let fid = FileId {
             volatile: le64(ctx, 8),
             persistent: le64(ctx, 16),
         };
-        let len = le32(ctx, 24);
-        let mut buf = [0u8; HEADER_LEN + 64];
-        let n = match done.kind {
+        let offset = le64(ctx, 32);
+        let handle = self
+            .conns
+            .get(&conn)
+            .and_then(|c| c.opens.get(&fid.volatile))
+            .filter(|o| o.persistent == fid.persistent)
+            .map(|o| o.handle);
+        let core = &mut self.core;
+        if ctx[1] == MODE_HELD {
+            let Some(ex) = core.execs.get_mut(&tag) else {
+                return Ok(());
+            };
+            match (done.kind, handle) {
+                (RdmaKind::Write, _) => ex.rdma = Some(Ok(done.data.len() as u32)),
+                (RdmaKind::Read, None) => ex.rdma = Some(Err(STATUS_FILE_CLOSED)),
+                (RdmaKind::Read, Some(h)) => match core.store.write(tag, h, offset, done.data) {
+                    Poll::Pending => {
+                        ex.rdma_store = true;
+                        return Ok(());
+                    }
+                    Poll::Ready(r) => ex.rdma = Some(r.map_err(|e| e.status())),
+                },
+            }
+            ex.ready = true;
+            core.wakes.push_back((conn, tag));
+            return Ok(());
+        }
+        let Ok(h) = HeaderRepr::from_bytes(&ctx[CTX_HEADER..]) else {
+            return Ok(());
+        };
+        match done.kind {
             // RDMA Write finished: a READ's data is at the client.
             RdmaKind::Write => {
-                let r = ReadResponseRepr {
-                    data: &[],
-                    data_remaining: len,
-                    flags: 0,
-                };
-                emit_message(&h, &r, &mut buf)
+                let mut buf = [0u8; HEADER_LEN + 64];
+                let n = rdma_response(RdmaKind::Write, &h, le32(ctx, 24), &mut buf);
+                reply_ctx(ctx, n, &buf, out)
             }
             // RDMA Read finished: a WRITE's data is here.
-            RdmaKind::Read => {
-                let name = match c.opens.get(&fid.volatile) {
-                    Some(o) if o.persistent == fid.persistent => o.name.clone(),
-                    _ => None,
-                };
-                let st = match name {
-                    Some(n) => self
-                        .shared
-                        .store
-                        .write(&n, le64(ctx, 32), done.data)
-                        .err()
-                        .map(store_status),
-                    None => Some(STATUS_FILE_CLOSED),
-                };
-                match st {
-                    None => emit_message(
-                        &h,
-                        &WriteResponseRepr {
-                            count: done.data.len() as u32,
-                        },
-                        &mut buf,
-                    ),
-                    Some(st) => {
-                        h.status = st;
-                        emit_message(&h, &ErrorResponseRepr::EMPTY, &mut buf)
-                    }
+            RdmaKind::Read => match handle {
+                Some(hd) => core.finish_write(conn, hd, offset, done.data, ctx, out),
+                None => {
+                    let mut buf = [0u8; HEADER_LEN + 64];
+                    let n = error_message(&h, STATUS_FILE_CLOSED, &mut buf);
+                    reply_ctx(ctx, n, &buf, out)
                 }
-            }
-        };
-        let Ok(n) = n else { return Ok(()) };
-        let fill = |b: &mut [u8]| b.copy_from_slice(&buf[..n]);
-        if ctx[0] == 1 {
-            out.reply_with_invalidate(n, le32(ctx, 4), fill)
-        } else {
-            out.reply(n, fill)
+            },
         }
     }
 
     fn on_close(&mut self, conn: ConnId) {
-        self.conns.remove(&conn);
+        let core = &mut self.core;
+        if let Some(mut c) = self.conns.remove(&conn) {
+            if c.session.is_some() {
+                core.sessions = core.sessions.saturating_sub(1);
+            }
+            for (_, o) in c.opens.drain() {
+                // The control plane drops the connection's QoS state itself.
+                let o = Open {
+                    qos_named: false,
+                    ..o
+                };
+                core.close_open(conn, o);
+            }
+        }
+        let gone: Vec<u64> = core
+            .execs
+            .iter()
+            .filter(|(_, e)| e.conn == conn)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in gone {
+            core.execs.remove(&t);
+            core.store.cancel(t);
+        }
+        let gone: Vec<u64> = core
+            .posts
+            .iter()
+            .filter(|(_, p)| p.conn == conn)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in gone {
+            core.posts.remove(&t);
+            core.store.cancel(t);
+        }
+        core.gauges_dirty = true;
+    }
+
+    fn poll(&mut self, now: PInstant, io: &mut UpperIo<'_>) -> bool {
+        let core = &mut self.core;
+        core.now = now;
+        let mut any = false;
+        if core.store.in_flight() > 0 {
+            let Core {
+                store,
+                execs,
+                posts,
+                wakes,
+                ..
+            } = core;
+            store.poll(&mut |tag| {
+                if let Some(ex) = execs.get_mut(&tag) {
+                    ex.ready = true;
+                    wakes.push_back((ex.conn, tag));
+                } else if let Some(p) = posts.get(&tag) {
+                    wakes.push_back((p.conn, tag));
+                }
+            });
+        }
+        // Storage QoS: dispatch waiting requests, report closed windows.
+        let q = &mut core.qos;
+        if !q.sched.is_idle() {
+            let mut n = 0;
+            while n < QOS_DISPATCH_BUDGET {
+                let Some((_, tok)) = q.sched.next_ready(now) else {
+                    break;
+                };
+                n += 1;
+                if let Some(ex) = core.execs.get_mut(&tok) {
+                    ex.admitted = true;
+                    ex.queued = false;
+                    ex.ready = true;
+                    core.wakes.push_back((ex.conn, tok));
+                }
+            }
+            if n == QOS_DISPATCH_BUDGET {
+                q.saturated = true;
+            }
+            core.gauges_dirty = true;
+        }
+        q.sched.tick(now);
+        if q.sched.window_start() != q.window {
+            q.window = q.sched.window_start();
+            for (&flow, &(slot, _)) in &q.by_flow {
+                if let Some(report) = q.sched.last_window(slot) {
+                    core.events.push_back(UpperEvent::QosWindow {
+                        flow,
+                        report,
+                        saturated: q.saturated,
+                    });
+                }
+            }
+            q.saturated = false;
+        }
+        while let Some((c, t)) = core.wakes.pop_front() {
+            io.wake(c, t);
+            any = true;
+        }
+        while let Some(ev) = core.events.pop_front() {
+            io.to_control(ev);
+            any = true;
+        }
+        if core.gauges_dirty {
+            core.gauges_dirty = false;
+            io.set_gauges(
+                core.sessions,
+                core.opens,
+                core.qos.sched.total_queued() as u64,
+            );
+        }
+        any
+    }
+
+    fn on_control(&mut self, msg: UpperControl) {
+        let core = &mut self.core;
+        match msg {
+            UpperControl::QosReply {
+                conn,
+                token,
+                open,
+                result,
+                flow,
+            } => {
+                // The Open the request named (FileIds here have volatile ==
+                // persistent); it may have closed meanwhile.
+                if let Some(o) = self
+                    .conns
+                    .get_mut(&conn)
+                    .and_then(|c| c.opens.get_mut(&open))
+                {
+                    core.assign(o, flow);
+                }
+                let Some(ex) = core.execs.get_mut(&token) else {
+                    return;
+                };
+                ex.ioctl = Some(result);
+                ex.queued = false;
+                ex.ready = true;
+                core.wakes.push_back((conn, token));
+            }
+            UpperControl::QosRates(f) => {
+                if let Some(&(s, _)) = core.qos.by_flow.get(&f.flow) {
+                    let _ = core.qos.sched.set_rates(core.now, s, f.rates);
+                }
+            }
+        }
     }
 }

@@ -211,3 +211,218 @@ pub fn valid_path(path: &str) -> bool {
                 && !c.contains([':', '/', '\0'])
         })
 }
+
+pub use super::dirstore::{DirStore, DirStoreFactory};
+pub use super::memstore::{MemStore, MemStoreFactory};
+
+/// Whether a directory may be opened or created with `disposition`.
+///
+/// [MS-FSA] 2.1.5.1: a directory cannot be superseded or overwritten
+/// (FILE_DIRECTORY_FILE with FILE_SUPERSEDE, FILE_OVERWRITE or
+/// FILE_OVERWRITE_IF is STATUS_INVALID_PARAMETER). The SMB2 layer should
+/// reject those requests before calling a store; the stores answer them
+/// with `StoreError::Io(EINVAL)`.
+pub fn disposition_allows_directory(disposition: Disposition) -> bool {
+    matches!(
+        disposition,
+        Disposition::Open | Disposition::Create | Disposition::OpenIf
+    )
+}
+
+/// FILETIME of the Unix epoch (1970-01-01 in 100 ns units since 1601-01-01).
+pub const FILETIME_UNIX_EPOCH: u64 = 116_444_736_000_000_000;
+
+/// A Unix time (seconds and nanoseconds since 1970) as FILETIME (100 ns
+/// since 1601-01-01 UTC, [MS-DTYP] 2.3.3); times before 1601 give 0.
+pub fn filetime_from_unix(secs: i64, nanos: u32) -> u64 {
+    let ticks =
+        i128::from(secs) * 10_000_000 + i128::from(nanos / 100) + i128::from(FILETIME_UNIX_EPOCH);
+    ticks.clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// The current time as FILETIME (a vDSO clock read: no lock, no allocation).
+pub fn filetime_now() -> u64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => filetime_from_unix(d.as_secs() as i64, d.subsec_nanos()),
+        Err(_) => FILETIME_UNIX_EPOCH,
+    }
+}
+
+/// Bits of a [`Handle`] naming the slot of an [`OpenTable`].
+const HANDLE_SLOT_BITS: u32 = 24;
+/// Bits of a [`Handle`] holding the slot's generation.
+const HANDLE_GEN_BITS: u32 = 32;
+/// Most open files one store handle may hold.
+pub const MAX_OPEN_FILES: usize = 1 << HANDLE_SLOT_BITS;
+
+/// The open files of one store handle (one worker), named by [`Handle`]s.
+///
+/// A handle packs the slot index (24 bits), the slot's generation (32 bits,
+/// bumped on every close, so a closed handle is stale: `Closed`) and the
+/// table's instance number (8 bits, so a handle of another worker's table
+/// is, with high probability, refused too). Lookups neither lock nor
+/// allocate; `insert` may grow the table (CREATE path only).
+#[derive(Debug)]
+pub struct OpenTable<T> {
+    slots: Vec<OpenSlot<T>>,
+    free: Vec<u32>,
+    instance: u64,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct OpenSlot<T> {
+    generation: u32,
+    value: Option<T>,
+}
+
+impl<T> Default for OpenTable<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> OpenTable<T> {
+    /// An empty table with its own instance number.
+    pub fn new() -> Self {
+        static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let instance = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xff;
+        OpenTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            instance,
+            len: 0,
+        }
+    }
+
+    /// Stores `value`, returns its handle; `Busy` past [`MAX_OPEN_FILES`].
+    pub fn insert(&mut self, value: T) -> Result<Handle, StoreError> {
+        let index = match self.free.pop() {
+            Some(i) => i as usize,
+            None if self.slots.len() < MAX_OPEN_FILES => {
+                self.slots.push(OpenSlot {
+                    generation: 0,
+                    value: None,
+                });
+                self.slots.len() - 1
+            }
+            None => return Err(StoreError::Busy),
+        };
+        let slot = &mut self.slots[index];
+        slot.value = Some(value);
+        self.len += 1;
+        Ok(Handle(
+            index as u64
+                | u64::from(slot.generation) << HANDLE_SLOT_BITS
+                | self.instance << (HANDLE_SLOT_BITS + HANDLE_GEN_BITS),
+        ))
+    }
+
+    fn index(&self, h: Handle) -> Result<usize, StoreError> {
+        let index = (h.0 & ((1 << HANDLE_SLOT_BITS) - 1)) as usize;
+        let generation = (h.0 >> HANDLE_SLOT_BITS) as u32;
+        let instance = h.0 >> (HANDLE_SLOT_BITS + HANDLE_GEN_BITS);
+        match self.slots.get(index) {
+            Some(s)
+                if s.generation == generation && instance == self.instance && s.value.is_some() =>
+            {
+                Ok(index)
+            }
+            _ => Err(StoreError::Closed),
+        }
+    }
+
+    /// The open file `h` names; `Closed` if it is stale.
+    pub fn get(&self, h: Handle) -> Result<&T, StoreError> {
+        let i = self.index(h)?;
+        self.slots[i].value.as_ref().ok_or(StoreError::Closed)
+    }
+
+    /// The open file `h` names, mutably; `Closed` if it is stale.
+    pub fn get_mut(&mut self, h: Handle) -> Result<&mut T, StoreError> {
+        let i = self.index(h)?;
+        self.slots[i].value.as_mut().ok_or(StoreError::Closed)
+    }
+
+    /// Forgets `h` (it becomes stale) and returns its value.
+    pub fn remove(&mut self, h: Handle) -> Result<T, StoreError> {
+        let i = self.index(h)?;
+        let slot = &mut self.slots[i];
+        let value = slot.value.take().ok_or(StoreError::Closed)?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(i as u32);
+        self.len -= 1;
+        Ok(value)
+    }
+
+    /// Open files.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No open files.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Removes every open file (store teardown), making all handles stale.
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.len);
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(v) = s.value.take() {
+                s.generation = s.generation.wrapping_add(1);
+                self.free.push(i as u32);
+                out.push(v);
+            }
+        }
+        self.len = 0;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_handles_go_stale_and_slots_are_reused() {
+        let mut t = OpenTable::new();
+        let a = t.insert("a").unwrap();
+        let b = t.insert("b").unwrap();
+        assert_eq!(t.get(a), Ok(&"a"));
+        assert_eq!(t.remove(a), Ok("a"));
+        assert_eq!(t.get(a), Err(StoreError::Closed));
+        assert_eq!(t.remove(a), Err(StoreError::Closed));
+        let c = t.insert("c").unwrap();
+        assert_ne!(a, c, "a reused slot has a new generation");
+        assert_eq!(t.get(c), Ok(&"c"));
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.drain().len(), 2);
+        assert_eq!(t.get(b), Err(StoreError::Closed));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn handles_of_another_table_are_refused() {
+        let mut t1 = OpenTable::new();
+        let mut t2 = OpenTable::new();
+        let h1 = t1.insert(1).unwrap();
+        let _h2 = t2.insert(2).unwrap();
+        assert_eq!(t2.get(h1), Err(StoreError::Closed));
+    }
+
+    #[test]
+    fn filetime_of_known_instants() {
+        assert_eq!(filetime_from_unix(0, 0), FILETIME_UNIX_EPOCH);
+        assert_eq!(filetime_from_unix(1, 500), FILETIME_UNIX_EPOCH + 10_000_005);
+        assert_eq!(filetime_from_unix(-20_000_000_000, 0), 0);
+        assert!(filetime_now() > filetime_from_unix(1_700_000_000, 0));
+    }
+
+    #[test]
+    fn directories_are_never_superseded_or_overwritten() {
+        assert!(disposition_allows_directory(Disposition::OpenIf));
+        assert!(!disposition_allows_directory(Disposition::Supersede));
+        assert!(!disposition_allows_directory(Disposition::OverwriteIf));
+    }
+}

@@ -287,6 +287,43 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The fast path of a request arriving for `slot` at `now`: when no
+    /// request of any flow is waiting (so no ordering decision is at stake)
+    /// and the flow's limits allow `bytes` now, the request is charged and
+    /// accounted as offered and served at once (true). Otherwise (false)
+    /// the caller [`enqueue`](Self::enqueue)s it. O(1).
+    pub fn try_now(&mut self, now: Instant, slot: FlowSlot, bytes: u64) -> bool {
+        if !self.active.is_empty() {
+            return false;
+        }
+        self.tick(now);
+        let base = self.cfg.base_io_size;
+        let Ok(f) = self.flow_mut(slot) else {
+            return false;
+        };
+        if f.limiter.try_take(now, bytes).is_err() {
+            return false;
+        }
+        let ios = io_cost(bytes, base);
+        f.reservation.take_saturating(now, ios);
+        f.offered += ios;
+        f.served += ios;
+        f.served_kb += kb_cost(bytes);
+        true
+    }
+
+    /// True when no request is waiting.
+    pub fn is_idle(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// Start of the current accounting window (changes when a window
+    /// closes, so a caller can tell when [`last_window`](Self::last_window)
+    /// has new reports).
+    pub fn window_start(&self) -> Instant {
+        self.window_start
+    }
+
     /// Requests queued for `slot`.
     pub fn queued(&self, slot: FlowSlot) -> usize {
         self.flows.get(slot.index()).map_or(0, |f| f.len as usize)

@@ -1,0 +1,1278 @@
+//! The memory store (`--store mem --store-size N`): every file of the share
+//! lives in one pool of `N` bytes reserved up front and shared by all
+//! workers.
+//!
+//! # Layout
+//! The pool is one anonymous mapping (2 MiB hugepages when the size is a
+//! multiple of 2 MiB and the machine has them reserved, else ordinary pages
+//! with a `MADV_HUGEPAGE` hint), cut into [`BLOCK_SIZE`] blocks. Free
+//! blocks sit in a lock-free queue; a counter of *available* blocks is
+//! decremented (reserved) before a block is taken, so a write knows it will
+//! fit before it touches anything.
+//!
+//! Each file maps block numbers to pool blocks through a two-level map:
+//! a top-level array of [`AtomicU32`] (allocated at CREATE, one entry per
+//! [`CHUNK_ENTRIES`] blocks of the largest file the pool can hold) naming
+//! *chunks*, and the chunks themselves, tables of [`CHUNK_ENTRIES`] block
+//! numbers taken from a chunk pool mapped at start. Entries hold `index + 1`
+//! (0 is "none": a hole, which reads as zeros). Entries are only ever
+//! published with a compare-and-swap from 0, so the READ/WRITE path takes
+//! no lock and performs no heap allocation: it walks the map with atomic
+//! loads and copies with raw pointers.
+//!
+//! The chunk pool holds one chunk per pool block plus [`CHUNK_SLACK`]: a
+//! chunk in use always maps at least one block, except for the moment
+//! between a writer publishing a new chunk and the block in it, so chunks
+//! cannot run out before blocks do.
+//!
+//! # Concurrency
+//! - Two workers writing the same bytes at the same time race, as on a disk:
+//!   the result is some interleaving of the two writes. Reads concurrent
+//!   with writes may see part of a write. The store stays consistent (no
+//!   block is mapped twice, accounting is exact); only the bytes are racy.
+//! - Two writers filling the same hole race to publish a block; the loser
+//!   returns its block to the pool and writes into the winner's.
+//! - A fresh block is filled (data and zeros) *before* it is published, so
+//!   no reader ever sees bytes of a previous file.
+//!
+//! # Freeing rule
+//! Blocks are freed only when no other open could be using them. The open
+//! count of a file changes under the namespace lock (CREATE and CLOSE).
+//! Truncation (`truncate`, Overwrite, Supersede) holds that lock and:
+//! - when the truncating open is the file's only one, releases the blocks
+//!   past the new end of file at once;
+//! - otherwise zeroes them (so they read as holes) and marks the file; its
+//!   last CLOSE releases every block past the end of file then.
+//!
+//! Invariant: bytes of mapped blocks at or past the end of file are zero,
+//! so growing a file (truncate up, or a write past the end) exposes zeros.
+//!
+//! # Space accounting
+//! [`Store::usage`] reports pool blocks in use × [`BLOCK_SIZE`] (the
+//! allocation, not the sum of file sizes: a 1-byte file uses one block),
+//! and the bound, the store size rounded down to whole blocks.
+//!
+//! # Namespace
+//! Names map to file nodes in a `HashMap` behind a `Mutex`, touched by
+//! CREATE, CLOSE and truncation only. Names compare case-insensitively, as
+//! a Windows server opens them ([MS-FSA] 2.1.5.1, IsCaseInsensitive; folded
+//! with Unicode lower-casing here), and keep the case they were created
+//! with (parents: the case of the parent's creation). The root `""` is a directory. Files are
+//! never deleted yet (the trait has no delete); a delete would follow the
+//! same rule as truncation: unlink the name at once, free the blocks at the
+//! last close.
+//!
+//! Open files are named by [`Handle`]s of a per-worker [`OpenTable`], so a
+//! lookup on the I/O path touches only the worker's own memory and the
+//! file's atomics.
+
+use super::store::{
+    disposition_allows_directory, filetime_now, valid_path, Action, Disposition, FileInfo, Handle,
+    OpenRequest, OpenTable, Poll, Store, StoreError, StoreFactory, Tag,
+};
+use crossbeam_queue::ArrayQueue;
+use memmap2::{Advice, MmapMut, MmapOptions};
+use std::collections::HashMap;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// log2 of [`BLOCK_SIZE`].
+pub const BLOCK_SHIFT: u32 = 16;
+/// Allocation unit of the pool (64 KiB).
+pub const BLOCK_SIZE: u64 = 1 << BLOCK_SHIFT;
+/// log2 of [`CHUNK_ENTRIES`].
+const CHUNK_SHIFT: u32 = 6;
+/// Block numbers per second-level table (a chunk maps 4 MiB of a file).
+pub const CHUNK_ENTRIES: usize = 1 << CHUNK_SHIFT;
+/// Chunks beyond one per block: at most one chunk per concurrent writer can
+/// be momentarily empty, so this bounds the writers that may race.
+pub const CHUNK_SLACK: usize = 4096;
+/// Most blocks a pool may have (entries store `index + 1` in a `u32`).
+const MAX_BLOCKS: u64 = u32::MAX as u64 - 1;
+/// Size of the hugepages the pool asks for.
+const HUGEPAGE: u64 = 2 << 20;
+
+/// The block pool: data region, free blocks, chunk tables.
+struct Pool {
+    /// Start of the data region (`blocks` × [`BLOCK_SIZE`] bytes).
+    data: NonNull<u8>,
+    /// Keeps the data region mapped; never accessed through references.
+    _data_map: MmapMut,
+    blocks: u32,
+    /// Free block numbers.
+    free_blocks: ArrayQueue<u32>,
+    /// Free blocks not yet reserved by a writer. A block is pushed to
+    /// `free_blocks` before this is incremented, and this is decremented
+    /// before a block is popped, so a successful reservation guarantees the
+    /// pop.
+    available: AtomicU64,
+    /// Start of the chunk tables (`chunk_count` × [`CHUNK_ENTRIES`]).
+    chunks: NonNull<AtomicU32>,
+    _chunk_map: MmapMut,
+    chunk_count: u32,
+    /// Free chunk numbers; every free chunk is all zeros.
+    free_chunks: ArrayQueue<u32>,
+    hugepages: bool,
+}
+
+// SAFETY: `data` and `chunks` point into mappings owned by the pool and
+// living as long as it; all shared mutation of chunk tables goes through
+// atomics, and data bytes are written only with raw-pointer copies whose
+// races are the documented disk-like races on file contents (plain bytes,
+// no invariants of Rust types depend on them).
+unsafe impl Send for Pool {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Pool {}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("blocks", &self.blocks)
+            .field("available", &self.available.load(Ordering::Relaxed))
+            .field("chunks", &self.chunk_count)
+            .field("hugepages", &self.hugepages)
+            .finish()
+    }
+}
+
+/// Maps `len` bytes of anonymous memory, trying 2 MiB hugepages first when
+/// `hugepages`. Returns the mapping and whether it is hugepage-backed.
+fn map_region(len: usize, hugepages: bool) -> Result<(MmapMut, bool), String> {
+    if hugepages && len as u64 % HUGEPAGE == 0 {
+        if let Ok(m) = MmapOptions::new().len(len).huge(Some(21)).map_anon() {
+            return Ok((m, true));
+        }
+    }
+    let m = MmapOptions::new()
+        .len(len)
+        .map_anon()
+        .map_err(|e| format!("memory store: cannot map {len} bytes: {e}"))?;
+    if hugepages {
+        // A hint only: transparent hugepages where the kernel allows.
+        let _ = m.advise(Advice::HugePage);
+    }
+    Ok((m, false))
+}
+
+impl Pool {
+    fn new(blocks: u32) -> Result<Self, String> {
+        let data_len = blocks as usize * BLOCK_SIZE as usize;
+        let (mut data_map, hugepages) = map_region(data_len, true)?;
+        if !hugepages {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "[smbdirectd] WARN memory store: no 2 MiB hugepages for {data_len} bytes \
+                     (size not a multiple of 2 MiB or none reserved: see \
+                     scripts/setup-hugepages.sh); using ordinary pages"
+                );
+            }
+        }
+        let chunk_count = blocks as usize + CHUNK_SLACK;
+        // Lazily faulted: only chunks ever used cost memory.
+        let (mut chunk_map, _) = map_region(chunk_count * CHUNK_ENTRIES * 4, false)?;
+        let free_blocks = ArrayQueue::new(blocks as usize);
+        for b in 0..blocks {
+            let _ = free_blocks.push(b);
+        }
+        let free_chunks = ArrayQueue::new(chunk_count);
+        for c in 0..chunk_count as u32 {
+            let _ = free_chunks.push(c);
+        }
+        let data = NonNull::new(data_map.as_mut_ptr()).ok_or("memory store: null mapping")?;
+        let chunks = NonNull::new(chunk_map.as_mut_ptr().cast::<AtomicU32>())
+            .ok_or("memory store: null mapping")?;
+        Ok(Pool {
+            data,
+            _data_map: data_map,
+            blocks,
+            free_blocks,
+            available: AtomicU64::new(u64::from(blocks)),
+            chunks,
+            _chunk_map: chunk_map,
+            chunk_count: chunk_count as u32,
+            free_chunks,
+            hugepages,
+        })
+    }
+
+    /// The table of chunk `c`.
+    fn chunk(&self, c: u32) -> &[AtomicU32] {
+        assert!(c < self.chunk_count);
+        // SAFETY: chunk `c` lies inside the chunk mapping (checked above),
+        // which lives as long as `self`; the mapping is page-aligned and
+        // zero-initialised, a valid bit pattern for `AtomicU32`, and all
+        // accesses are atomic.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.chunks.as_ptr().add(c as usize * CHUNK_ENTRIES),
+                CHUNK_ENTRIES,
+            )
+        }
+    }
+
+    /// Start of block `b`.
+    fn block_ptr(&self, b: u32) -> *mut u8 {
+        assert!(b < self.blocks);
+        // SAFETY: `b < blocks`, so the offset stays inside the data mapping.
+        unsafe { self.data.as_ptr().add(b as usize * BLOCK_SIZE as usize) }
+    }
+
+    /// Reserves `n` blocks; false if fewer are available.
+    fn reserve(&self, n: u64) -> bool {
+        if n == 0 {
+            return true;
+        }
+        self.available
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |a| a.checked_sub(n))
+            .is_ok()
+    }
+
+    /// Returns `n` reserved blocks that were not taken.
+    fn unreserve(&self, n: u64) {
+        if n > 0 {
+            self.available.fetch_add(n, Ordering::Release);
+        }
+    }
+
+    /// Takes one block of a reservation.
+    fn take_block(&self) -> Option<u32> {
+        self.free_blocks.pop()
+    }
+
+    /// Frees a block (its contents do not matter: blocks are filled when
+    /// taken).
+    fn give_block(&self, b: u32) {
+        let pushed = self.free_blocks.push(b);
+        debug_assert!(pushed.is_ok(), "more blocks freed than exist");
+        self.available.fetch_add(1, Ordering::Release);
+    }
+
+    /// Blocks in use or reserved.
+    fn used_blocks(&self) -> u64 {
+        u64::from(self.blocks) - self.available.load(Ordering::Relaxed)
+    }
+}
+
+/// A file or directory.
+#[derive(Debug)]
+struct Node {
+    /// Path as created (original case).
+    path: String,
+    is_dir: bool,
+    /// End of file.
+    size: AtomicU64,
+    /// Pool blocks this file maps.
+    mapped: AtomicU64,
+    /// Chunk number + 1 per [`CHUNK_ENTRIES`] blocks (0: none). Empty for
+    /// directories.
+    top: Box<[AtomicU32]>,
+    creation_time: AtomicU64,
+    last_write_time: AtomicU64,
+    change_time: AtomicU64,
+    /// Opens, changed under the namespace lock.
+    opens: AtomicU32,
+    /// Blocks past the end of file are still mapped (zeroed): a truncation
+    /// shared with other opens. The last close releases them.
+    trim_pending: AtomicBool,
+}
+
+impl Node {
+    fn new(path: &str, is_dir: bool, top_len: usize) -> Self {
+        let now = filetime_now();
+        Node {
+            path: path.to_owned(),
+            is_dir,
+            size: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
+            top: if is_dir {
+                Box::new([])
+            } else {
+                (0..top_len).map(|_| AtomicU32::new(0)).collect()
+            },
+            creation_time: AtomicU64::new(now),
+            last_write_time: AtomicU64::new(now),
+            change_time: AtomicU64::new(now),
+            opens: AtomicU32::new(0),
+            trim_pending: AtomicBool::new(false),
+        }
+    }
+
+    /// Largest number of blocks the map can hold.
+    fn max_blocks(&self) -> u64 {
+        (self.top.len() as u64) << CHUNK_SHIFT
+    }
+
+    /// The pool block behind file block `b`, if mapped.
+    fn block(&self, pool: &Pool, b: u64) -> Option<u32> {
+        let t = self
+            .top
+            .get((b >> CHUNK_SHIFT) as usize)?
+            .load(Ordering::Acquire);
+        if t == 0 {
+            return None;
+        }
+        let e = pool.chunk(t - 1)[(b as usize) & (CHUNK_ENTRIES - 1)].load(Ordering::Acquire);
+        e.checked_sub(1)
+    }
+
+    fn info(&self) -> FileInfo {
+        let last_write = self.last_write_time.load(Ordering::Relaxed);
+        FileInfo {
+            size: self.size.load(Ordering::Acquire),
+            allocation: self.mapped.load(Ordering::Relaxed) * BLOCK_SIZE,
+            is_dir: self.is_dir,
+            creation_time: self.creation_time.load(Ordering::Relaxed),
+            // Access times are not kept (as with NtfsDisableLastAccessUpdate).
+            last_access_time: last_write,
+            last_write_time: last_write,
+            change_time: self.change_time.load(Ordering::Relaxed),
+        }
+    }
+
+    fn touch(&self) {
+        let now = filetime_now();
+        self.last_write_time.store(now, Ordering::Relaxed);
+        self.change_time.store(now, Ordering::Relaxed);
+    }
+}
+
+/// Name → node, under the store's mutex.
+#[derive(Debug)]
+struct Namespace {
+    /// Keyed by the case-folded path.
+    nodes: HashMap<String, Arc<Node>>,
+}
+
+/// What all handles of one memory store share.
+#[derive(Debug)]
+struct Shared {
+    pool: Pool,
+    namespace: Mutex<Namespace>,
+    /// Length of every file's top-level map.
+    top_len: usize,
+}
+
+/// Case-insensitive key of a path.
+fn fold(path: &str) -> String {
+    path.to_lowercase()
+}
+
+/// The parent directory of a path ("" for top-level names).
+fn parent(path: &str) -> &str {
+    path.rsplit_once('\\').map_or("", |(p, _)| p)
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Namespace> {
+        // A panic while holding the lock leaves the namespace consistent
+        // (every change is a single insert or counter update).
+        self.namespace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copies `data` into the file at `offset`, mapping holes first. All
+    /// needed blocks are reserved before anything is written: `Full` leaves
+    /// the file unchanged.
+    fn write(&self, node: &Node, offset: u64, data: &[u8]) -> Result<u32, StoreError> {
+        if node.is_dir {
+            return Err(StoreError::IsADirectory);
+        }
+        let len = u32::try_from(data.len()).map_err(|_| StoreError::Io(libc::EINVAL))?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let end = offset.checked_add(u64::from(len)).ok_or(StoreError::Full)?;
+        let first = offset >> BLOCK_SHIFT;
+        let last = (end - 1) >> BLOCK_SHIFT;
+        if last >= node.max_blocks() {
+            return Err(StoreError::Full);
+        }
+        let pool = &self.pool;
+        let holes = (first..=last)
+            .filter(|&b| node.block(pool, b).is_none())
+            .count() as u64;
+        if !pool.reserve(holes) {
+            return Err(StoreError::Full);
+        }
+        let mut reserved = holes;
+        for b in first..=last {
+            let start = b << BLOCK_SHIFT;
+            let lo = offset.max(start) - start;
+            let hi = end.min(start + BLOCK_SIZE) - start;
+            let src = &data[(start + lo - offset) as usize..(start + hi - offset) as usize];
+            let target = match node.block(pool, b) {
+                Some(blk) => blk,
+                None => match self.map_block(node, b, lo as usize, src, &mut reserved) {
+                    Ok(None) => continue, // filled while publishing
+                    Ok(Some(blk)) => blk, // another writer published first
+                    Err(e) => {
+                        // Only when more than CHUNK_SLACK writers race:
+                        // keep what was written visible (bytes past the
+                        // end of file must stay zero).
+                        pool.unreserve(reserved);
+                        if start > offset {
+                            node.size.fetch_max(start, Ordering::AcqRel);
+                        }
+                        return Err(e);
+                    }
+                },
+            };
+            // SAFETY: `target` is a block of the pool mapped by this file
+            // (never freed while this open exists: freeing rule), and
+            // `lo + src.len() <= BLOCK_SIZE`; `src` is caller memory, which
+            // cannot overlap the pool. Concurrent writers of the same bytes
+            // race as documented (plain bytes).
+            unsafe {
+                ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    pool.block_ptr(target).add(lo as usize),
+                    src.len(),
+                )
+            };
+        }
+        pool.unreserve(reserved);
+        node.size.fetch_max(end, Ordering::AcqRel);
+        node.touch();
+        Ok(len)
+    }
+
+    /// Maps a reserved block at file block `b`, filled with `src` at `lo`
+    /// and zeros elsewhere. `Ok(None)`: published (and consumed one
+    /// reservation); `Ok(Some(blk))`: another writer published `blk` first
+    /// (the caller writes into it).
+    fn map_block(
+        &self,
+        node: &Node,
+        b: u64,
+        lo: usize,
+        src: &[u8],
+        reserved: &mut u64,
+    ) -> Result<Option<u32>, StoreError> {
+        let pool = &self.pool;
+        let slot = &node.top[(b >> CHUNK_SHIFT) as usize];
+        let mut chunk = slot.load(Ordering::Acquire);
+        if chunk == 0 {
+            let c = pool.take_chunk().ok_or(StoreError::Full)?;
+            match slot.compare_exchange(0, c + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => chunk = c + 1,
+                Err(winner) => {
+                    pool.give_chunk(c);
+                    chunk = winner;
+                }
+            }
+        }
+        let entry = &pool.chunk(chunk - 1)[(b as usize) & (CHUNK_ENTRIES - 1)];
+        if *reserved == 0 {
+            // Not reached while the freeing rule holds (a block counted as
+            // mapped stays mapped during the write); reserve to stay exact.
+            if !pool.reserve(1) {
+                return Err(StoreError::Full);
+            }
+            *reserved = 1;
+        }
+        let Some(blk) = pool.take_block() else {
+            return Err(StoreError::Full);
+        };
+        *reserved -= 1;
+        let p = pool.block_ptr(blk);
+        let hi = lo + src.len();
+        // SAFETY: `blk` was just taken from the free queue, so no one else
+        // can reach it until it is published below; `lo <= hi <= BLOCK_SIZE`.
+        unsafe {
+            ptr::write_bytes(p, 0, lo);
+            ptr::copy_nonoverlapping(src.as_ptr(), p.add(lo), src.len());
+            ptr::write_bytes(p.add(hi), 0, BLOCK_SIZE as usize - hi);
+        }
+        match entry.compare_exchange(0, blk + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                node.mapped.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(winner) => {
+                pool.give_block(blk);
+                Ok(Some(winner - 1))
+            }
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` (holes and unmapped ranges give
+    /// zeros).
+    fn copy_out(&self, node: &Node, offset: u64, dst: &mut [u8]) {
+        let pool = &self.pool;
+        let mut done = 0usize;
+        while done < dst.len() {
+            let pos = offset.saturating_add(done as u64);
+            let b = pos >> BLOCK_SHIFT;
+            let lo = (pos & (BLOCK_SIZE - 1)) as usize;
+            let n = (BLOCK_SIZE as usize - lo).min(dst.len() - done);
+            let out = &mut dst[done..done + n];
+            match node.block(pool, b) {
+                // SAFETY: `blk` is mapped by this file and not freed while
+                // this open exists (freeing rule); `lo + n <= BLOCK_SIZE`;
+                // `out` is caller memory, disjoint from the pool. A
+                // concurrent writer may change the bytes as we copy (racy by
+                // design, plain bytes).
+                Some(blk) => unsafe {
+                    ptr::copy_nonoverlapping(pool.block_ptr(blk).add(lo), out.as_mut_ptr(), n)
+                },
+                None => out.fill(0),
+            }
+            done += n;
+        }
+    }
+
+    /// Sets the end of file of `node`. Called with the namespace lock held;
+    /// `sole`: the caller's open is the only one, so blocks past the end
+    /// can be freed at once.
+    fn truncate(&self, node: &Node, size: u64, sole: bool) {
+        let old = node.size.load(Ordering::Acquire);
+        node.size.store(size, Ordering::Release);
+        if size < old {
+            let pool = &self.pool;
+            let cut = (size & (BLOCK_SIZE - 1)) as usize;
+            if cut != 0 {
+                if let Some(blk) = node.block(pool, size >> BLOCK_SHIFT) {
+                    // SAFETY: a block of this file, `cut < BLOCK_SIZE`.
+                    unsafe {
+                        ptr::write_bytes(pool.block_ptr(blk).add(cut), 0, BLOCK_SIZE as usize - cut)
+                    };
+                }
+            }
+            let keep = size.div_ceil(BLOCK_SIZE);
+            if sole {
+                self.release_past(node, keep);
+            } else {
+                self.zero_past(node, keep);
+                node.trim_pending.store(true, Ordering::Relaxed);
+            }
+        }
+        node.touch();
+    }
+
+    /// Frees every block of `node` from file block `keep` on, and chunks
+    /// left empty. Only when no other open of the node exists.
+    fn release_past(&self, node: &Node, keep: u64) {
+        let pool = &self.pool;
+        for (ci, slot) in node
+            .top
+            .iter()
+            .enumerate()
+            .skip((keep >> CHUNK_SHIFT) as usize)
+        {
+            let chunk = slot.load(Ordering::Acquire);
+            if chunk == 0 {
+                continue;
+            }
+            let table = pool.chunk(chunk - 1);
+            let base = (ci as u64) << CHUNK_SHIFT;
+            for (i, e) in table.iter().enumerate() {
+                if base + i as u64 >= keep {
+                    let blk = e.swap(0, Ordering::AcqRel);
+                    if blk != 0 {
+                        pool.give_block(blk - 1);
+                        node.mapped.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            if table.iter().all(|e| e.load(Ordering::Relaxed) == 0) {
+                slot.store(0, Ordering::Release);
+                pool.give_chunk(chunk - 1);
+            }
+        }
+    }
+
+    /// Zeroes (keeps mapped) every block of `node` from file block `keep`
+    /// on.
+    fn zero_past(&self, node: &Node, keep: u64) {
+        let pool = &self.pool;
+        for (ci, slot) in node
+            .top
+            .iter()
+            .enumerate()
+            .skip((keep >> CHUNK_SHIFT) as usize)
+        {
+            let chunk = slot.load(Ordering::Acquire);
+            if chunk == 0 {
+                continue;
+            }
+            let base = (ci as u64) << CHUNK_SHIFT;
+            for (i, e) in pool.chunk(chunk - 1).iter().enumerate() {
+                let blk = e.load(Ordering::Acquire);
+                if blk != 0 && base + i as u64 >= keep {
+                    // SAFETY: a block of this file, zeroed whole; other
+                    // opens may race on its bytes (documented).
+                    unsafe { ptr::write_bytes(pool.block_ptr(blk - 1), 0, BLOCK_SIZE as usize) };
+                }
+            }
+        }
+    }
+
+    /// Forgets one open of `node`; the last one releases the blocks a
+    /// shared truncation left past the end of file.
+    fn release_open(&self, node: &Node) {
+        let _ns = self.lock();
+        if node.opens.fetch_sub(1, Ordering::Relaxed) == 1
+            && node.trim_pending.swap(false, Ordering::Relaxed)
+        {
+            let keep = node.size.load(Ordering::Acquire).div_ceil(BLOCK_SIZE);
+            self.release_past(node, keep);
+        }
+    }
+}
+
+impl Pool {
+    fn take_chunk(&self) -> Option<u32> {
+        self.free_chunks.pop()
+    }
+
+    /// Frees an all-zero chunk.
+    fn give_chunk(&self, c: u32) {
+        let pushed = self.free_chunks.push(c);
+        debug_assert!(pushed.is_ok(), "more chunks freed than exist");
+    }
+}
+
+/// Makes [`MemStore`] handles over one shared pool.
+#[derive(Debug, Clone)]
+pub struct MemStoreFactory {
+    shared: Arc<Shared>,
+}
+
+impl MemStoreFactory {
+    /// A store of `size_bytes` (rounded down to whole [`BLOCK_SIZE`]
+    /// blocks, at least one), all reserved now.
+    pub fn new(size_bytes: u64) -> Result<Self, String> {
+        let blocks = size_bytes / BLOCK_SIZE;
+        if blocks == 0 {
+            return Err(format!(
+                "memory store: --store-size {size_bytes} is below one {BLOCK_SIZE}-byte block"
+            ));
+        }
+        if blocks > MAX_BLOCKS
+            || blocks
+                .checked_mul(BLOCK_SIZE)
+                .and_then(|b| usize::try_from(b).ok())
+                .is_none()
+        {
+            return Err(format!(
+                "memory store: --store-size {size_bytes} is too large"
+            ));
+        }
+        let pool = Pool::new(blocks as u32)?;
+        let top_len = (blocks as usize).div_ceil(CHUNK_ENTRIES);
+        let mut nodes = HashMap::new();
+        nodes.insert(String::new(), Arc::new(Node::new("", true, 0)));
+        Ok(MemStoreFactory {
+            shared: Arc::new(Shared {
+                pool,
+                namespace: Mutex::new(Namespace { nodes }),
+                top_len,
+            }),
+        })
+    }
+
+    /// A handle (what [`StoreFactory::handle`] boxes).
+    pub fn store(&self) -> MemStore {
+        MemStore {
+            shared: Arc::clone(&self.shared),
+            opens: OpenTable::new(),
+        }
+    }
+
+    /// Bound of the store, bytes (whole blocks).
+    pub fn capacity(&self) -> u64 {
+        u64::from(self.shared.pool.blocks) * BLOCK_SIZE
+    }
+
+    /// Whether the pool got 2 MiB hugepages.
+    pub fn hugepages(&self) -> bool {
+        self.shared.pool.hugepages
+    }
+}
+
+impl StoreFactory for MemStoreFactory {
+    fn handle(&self, _worker: usize) -> Box<dyn Store> {
+        Box::new(self.store())
+    }
+
+    fn describe(&self) -> String {
+        let cap = self.capacity();
+        let size = if cap % (1 << 30) == 0 {
+            format!("{} GiB", cap >> 30)
+        } else if cap % (1 << 20) == 0 {
+            format!("{} MiB", cap >> 20)
+        } else {
+            format!("{} KiB", cap >> 10)
+        };
+        let pages = if self.hugepages() {
+            "2 MiB hugepages"
+        } else {
+            "4 KiB pages"
+        };
+        format!("mem ({size}, {pages})")
+    }
+}
+
+/// One worker's handle on the memory store. Every operation completes at
+/// once ([`Poll::Ready`]); handles are valid only on the `MemStore` that
+/// returned them.
+#[derive(Debug)]
+pub struct MemStore {
+    shared: Arc<Shared>,
+    opens: OpenTable<Arc<Node>>,
+}
+
+impl MemStore {
+    /// The path an open file was created with (original case).
+    pub fn path(&self, h: Handle) -> Result<&str, StoreError> {
+        self.opens.get(h).map(|n| n.path.as_str())
+    }
+
+    fn open_now(
+        &mut self,
+        req: &OpenRequest<'_>,
+    ) -> Result<(Handle, Action, FileInfo), StoreError> {
+        if !valid_path(req.path) {
+            return Err(StoreError::InvalidName);
+        }
+        if req.directory && (req.non_directory || !disposition_allows_directory(req.disposition)) {
+            // [MS-SMB2] 3.3.5.9 / [MS-FSA] 2.1.5.1: STATUS_INVALID_PARAMETER.
+            return Err(StoreError::Io(libc::EINVAL));
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut ns = shared.lock();
+        let key = fold(req.path);
+        let (node, action) = match ns.nodes.get(&key) {
+            Some(node) => {
+                let node = Arc::clone(node);
+                let truncating = matches!(
+                    req.disposition,
+                    Disposition::Supersede | Disposition::Overwrite | Disposition::OverwriteIf
+                );
+                if req.disposition == Disposition::Create {
+                    return Err(StoreError::Exists);
+                }
+                if node.is_dir && (req.non_directory || truncating) {
+                    return Err(StoreError::IsADirectory);
+                }
+                if !node.is_dir && req.directory {
+                    return Err(StoreError::NotADirectory);
+                }
+                let sole = node.opens.load(Ordering::Relaxed) == 0;
+                let action = match req.disposition {
+                    Disposition::Supersede => {
+                        shared.truncate(&node, 0, sole);
+                        node.creation_time.store(filetime_now(), Ordering::Relaxed);
+                        Action::Superseded
+                    }
+                    Disposition::Overwrite | Disposition::OverwriteIf => {
+                        shared.truncate(&node, 0, sole);
+                        Action::Overwritten
+                    }
+                    _ => Action::Opened,
+                };
+                (node, action)
+            }
+            None => {
+                let parent_path = match ns.nodes.get(&fold(parent(req.path))) {
+                    Some(p) if p.is_dir => &p.path,
+                    _ => return Err(StoreError::PathNotFound),
+                };
+                if matches!(req.disposition, Disposition::Open | Disposition::Overwrite) {
+                    return Err(StoreError::NotFound);
+                }
+                // The parents keep the case they were created with.
+                let path = match req.path.rsplit_once('\\') {
+                    Some((_, name)) => format!("{parent_path}\\{name}"),
+                    None => req.path.to_owned(),
+                };
+                let node = Arc::new(Node::new(&path, req.directory, shared.top_len));
+                ns.nodes.insert(key, Arc::clone(&node));
+                (node, Action::Created)
+            }
+        };
+        let h = self.opens.insert(Arc::clone(&node))?;
+        node.opens.fetch_add(1, Ordering::Relaxed);
+        drop(ns);
+        Ok((h, action, node.info()))
+    }
+}
+
+impl Store for MemStore {
+    /// [MS-SMB2] 3.3.5.9 with the dispositions of 2.2.13 (see the module
+    /// docs for names and directories).
+    fn open(&mut self, _tag: Tag, req: &OpenRequest<'_>) -> Poll<(Handle, Action, FileInfo)> {
+        Poll::Ready(self.open_now(req))
+    }
+
+    fn stat(&mut self, _tag: Tag, h: Handle) -> Poll<FileInfo> {
+        Poll::Ready(self.opens.get(h).map(|n| n.info()))
+    }
+
+    fn read(&mut self, _tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<u32> {
+        Poll::Ready(self.opens.get(h).and_then(|n| {
+            if n.is_dir {
+                return Err(StoreError::IsADirectory);
+            }
+            let avail = n.size.load(Ordering::Acquire).saturating_sub(offset);
+            Ok(avail.min(u64::from(len)) as u32)
+        }))
+    }
+
+    fn copy_out(&mut self, _tag: Tag, h: Handle, offset: u64, dst: &mut [u8]) {
+        if let Ok(n) = self.opens.get(h) {
+            self.shared.copy_out(n, offset, dst);
+        }
+    }
+
+    fn write(&mut self, _tag: Tag, h: Handle, offset: u64, data: &[u8]) -> Poll<u32> {
+        Poll::Ready(
+            self.opens
+                .get(h)
+                .and_then(|n| self.shared.write(n, offset, data)),
+        )
+    }
+
+    fn truncate(&mut self, _tag: Tag, h: Handle, size: u64) -> Poll<()> {
+        let node = match self.opens.get(h) {
+            Ok(n) => Arc::clone(n),
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        if node.is_dir {
+            return Poll::Ready(Err(StoreError::IsADirectory));
+        }
+        let _ns = self.shared.lock();
+        let sole = node.opens.load(Ordering::Relaxed) == 1;
+        self.shared.truncate(&node, size, sole);
+        Poll::Ready(Ok(()))
+    }
+
+    fn flush(&mut self, _tag: Tag, h: Handle) -> Poll<()> {
+        Poll::Ready(self.opens.get(h).map(|_| ()))
+    }
+
+    fn close(&mut self, h: Handle) {
+        if let Ok(node) = self.opens.remove(h) {
+            self.shared.release_open(&node);
+        }
+    }
+
+    fn poll(&mut self, _done: &mut dyn FnMut(Tag)) {}
+
+    fn cancel(&mut self, _tag: Tag) {}
+
+    fn in_flight(&self) -> usize {
+        0
+    }
+
+    fn usage(&self) -> (u64, Option<u64>) {
+        let pool = &self.shared.pool;
+        (
+            pool.used_blocks() * BLOCK_SIZE,
+            Some(u64::from(pool.blocks) * BLOCK_SIZE),
+        )
+    }
+}
+
+impl Drop for MemStore {
+    fn drop(&mut self) {
+        for node in self.opens.drain() {
+            self.shared.release_open(&node);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn ready<T>(p: Poll<T>) -> Result<T, StoreError> {
+        match p {
+            Poll::Ready(r) => r,
+            Poll::Pending => panic!("the memory store never returns Pending"),
+        }
+    }
+
+    fn req(path: &str, disposition: Disposition) -> OpenRequest<'_> {
+        OpenRequest {
+            path,
+            disposition,
+            directory: false,
+            non_directory: false,
+        }
+    }
+
+    fn dir_req(path: &str, disposition: Disposition) -> OpenRequest<'_> {
+        OpenRequest {
+            directory: true,
+            ..req(path, disposition)
+        }
+    }
+
+    fn open(s: &mut MemStore, path: &str, d: Disposition) -> Result<(Handle, Action), StoreError> {
+        ready(s.open(0, &req(path, d))).map(|(h, a, _)| (h, a))
+    }
+
+    fn write(s: &mut MemStore, h: Handle, offset: u64, data: &[u8]) -> Result<u32, StoreError> {
+        ready(s.write(1, h, offset, data))
+    }
+
+    fn read(s: &mut MemStore, h: Handle, offset: u64, len: u32) -> Vec<u8> {
+        let n = ready(s.read(2, h, offset, len)).unwrap();
+        let mut v = vec![0xAA; n as usize];
+        s.copy_out(2, h, offset, &mut v);
+        v
+    }
+
+    fn size(s: &mut MemStore, h: Handle) -> u64 {
+        ready(s.stat(3, h)).unwrap().size
+    }
+
+    fn store(bytes: u64) -> MemStore {
+        MemStoreFactory::new(bytes).unwrap().store()
+    }
+
+    #[test]
+    fn every_disposition_on_missing_and_existing_files() {
+        use Disposition::*;
+        let mut s = store(4 * MIB);
+        // Missing file.
+        assert_eq!(open(&mut s, "a", Open), Err(StoreError::NotFound));
+        assert_eq!(open(&mut s, "a", Overwrite), Err(StoreError::NotFound));
+        for (i, d) in [Supersede, Create, OpenIf, OverwriteIf]
+            .into_iter()
+            .enumerate()
+        {
+            let name = format!("new{i}");
+            let (h, a) = open(&mut s, &name, d).unwrap();
+            assert_eq!(a, Action::Created, "{d:?}");
+            s.close(h);
+        }
+        // Existing file with data: each disposition's action and effect.
+        let (h, _) = open(&mut s, "f", Create).unwrap();
+        write(&mut s, h, 0, b"hello").unwrap();
+        s.close(h);
+        assert_eq!(open(&mut s, "f", Create), Err(StoreError::Exists));
+        for (d, action, len) in [
+            (Open, Action::Opened, 5),
+            (OpenIf, Action::Opened, 5),
+            (Overwrite, Action::Overwritten, 0),
+            (OverwriteIf, Action::Overwritten, 0),
+            (Supersede, Action::Superseded, 0),
+        ] {
+            let (h, a) = open(&mut s, "f", d).unwrap();
+            assert_eq!((a, size(&mut s, h)), (action, len), "{d:?}");
+            write(&mut s, h, 0, b"hello").unwrap();
+            s.close(h);
+        }
+    }
+
+    #[test]
+    fn round_trip_across_block_boundaries_and_holes() {
+        let mut s = store(16 * MIB);
+        let (h, _) = open(&mut s, "data.bin", Disposition::Create).unwrap();
+        let data: Vec<u8> = (0..3 * BLOCK_SIZE as usize + 1234)
+            .map(|i| (i * 7 + 3) as u8)
+            .collect();
+        let at = BLOCK_SIZE - 100;
+        assert_eq!(write(&mut s, h, at, &data), Ok(data.len() as u32));
+        assert_eq!(read(&mut s, h, at, data.len() as u32), data);
+        // The hole before the data reads as zeros.
+        assert_eq!(read(&mut s, h, 0, at as u32), vec![0; at as usize]);
+        // A write far past the end leaves a hole of zeros in between.
+        let far = 10 * BLOCK_SIZE + 5;
+        write(&mut s, h, far, b"tail").unwrap();
+        assert_eq!(size(&mut s, h), far + 4);
+        let end_of_data = at + data.len() as u64;
+        let gap = read(&mut s, h, end_of_data, (far - end_of_data) as u32);
+        assert!(gap.iter().all(|&b| b == 0));
+        assert_eq!(read(&mut s, h, far, 100), b"tail");
+        // Only blocks written are allocated: blocks 0..=4 for the data
+        // (it ends 1134 bytes into block 4), block 10 for the tail.
+        assert_eq!(s.usage().0, 6 * BLOCK_SIZE);
+        assert_eq!(ready(s.stat(0, h)).unwrap().allocation, 6 * BLOCK_SIZE);
+    }
+
+    #[test]
+    fn reads_stop_at_end_of_file_and_writes_grow_it() {
+        let mut s = store(4 * MIB);
+        let (h, _) = open(&mut s, "x", Disposition::OpenIf).unwrap();
+        assert_eq!(ready(s.read(0, h, 0, 10)), Ok(0));
+        write(&mut s, h, 0, &[1; 10]).unwrap();
+        assert_eq!(size(&mut s, h), 10);
+        write(&mut s, h, 5, &[2; 10]).unwrap();
+        assert_eq!(size(&mut s, h), 15);
+        write(&mut s, h, 0, &[3; 2]).unwrap();
+        assert_eq!(
+            size(&mut s, h),
+            15,
+            "a write inside the file keeps its size"
+        );
+        assert_eq!(ready(s.read(0, h, 12, 100)), Ok(3));
+        assert_eq!(ready(s.read(0, h, 15, 100)), Ok(0));
+        assert_eq!(ready(s.read(0, h, 1 << 40, 100)), Ok(0));
+        assert_eq!(
+            read(&mut s, h, 0, 15),
+            [3, 3, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]
+        );
+    }
+
+    #[test]
+    fn the_bound_is_exact_and_a_refused_write_changes_nothing() {
+        let mut s = store(4 * BLOCK_SIZE + 1000); // rounds down to 4 blocks
+        assert_eq!(s.usage(), (0, Some(4 * BLOCK_SIZE)));
+        let (a, _) = open(&mut s, "a", Disposition::Create).unwrap();
+        let (b, _) = open(&mut s, "b", Disposition::Create).unwrap();
+        write(&mut s, a, 0, &vec![1; 3 * BLOCK_SIZE as usize]).unwrap();
+        // Two blocks needed, one left: refused, nothing written.
+        let two = vec![2; BLOCK_SIZE as usize + 1];
+        assert_eq!(write(&mut s, b, 0, &two), Err(StoreError::Full));
+        assert_eq!(size(&mut s, b), 0);
+        assert_eq!(s.usage(), (3 * BLOCK_SIZE, Some(4 * BLOCK_SIZE)));
+        // Exactly the last block fits.
+        write(&mut s, b, 0, &two[..BLOCK_SIZE as usize]).unwrap();
+        assert_eq!(s.usage(), (4 * BLOCK_SIZE, Some(4 * BLOCK_SIZE)));
+        assert_eq!(write(&mut s, b, BLOCK_SIZE, &[9]), Err(StoreError::Full));
+        // Rewriting mapped blocks needs no space.
+        write(&mut s, a, 10, &[7; 100]).unwrap();
+        // A write past the largest file offset is refused too.
+        assert_eq!(
+            write(&mut s, a, u64::MAX - 1, &[1, 2]),
+            Err(StoreError::Full)
+        );
+    }
+
+    #[test]
+    fn truncate_frees_blocks_at_once_only_for_the_sole_opener() {
+        let mut s = store(4 * MIB);
+        let (h, _) = open(&mut s, "t", Disposition::Create).unwrap();
+        write(&mut s, h, 0, &vec![5; 3 * BLOCK_SIZE as usize]).unwrap();
+        assert_eq!(s.usage().0, 3 * BLOCK_SIZE);
+        // Sole opener: freed at once; the cut block's tail reads as zeros
+        // when the file grows again.
+        ready(s.truncate(0, h, 100)).unwrap();
+        assert_eq!(s.usage().0, BLOCK_SIZE);
+        ready(s.truncate(0, h, 200)).unwrap();
+        let back = read(&mut s, h, 0, 200);
+        assert_eq!(&back[..100], &[5; 100][..]);
+        assert_eq!(&back[100..], &[0; 100][..]);
+        write(&mut s, h, 0, &vec![6; 3 * BLOCK_SIZE as usize]).unwrap();
+        // Another open (another worker): zeroed, kept until the last close.
+        let mut other = MemStoreFactory {
+            shared: Arc::clone(&s.shared),
+        }
+        .store();
+        let (h2, _) = open(&mut other, "T", Disposition::Open).unwrap();
+        ready(s.truncate(0, h, 10)).unwrap();
+        assert_eq!(s.usage().0, 3 * BLOCK_SIZE);
+        ready(other.truncate(0, h2, 3 * BLOCK_SIZE)).unwrap();
+        assert_eq!(read(&mut other, h2, 10, 100), vec![0; 100]);
+        ready(other.truncate(0, h2, 10)).unwrap();
+        s.close(h);
+        assert_eq!(other.usage().0, 3 * BLOCK_SIZE, "still open elsewhere");
+        other.close(h2);
+        assert_eq!(other.usage().0, BLOCK_SIZE, "the last close frees them");
+        // Overwrite by the only opener frees everything.
+        let (h3, a) = open(&mut other, "t", Disposition::Overwrite).unwrap();
+        assert_eq!(a, Action::Overwritten);
+        assert_eq!(other.usage().0, 0);
+        other.close(h3);
+    }
+
+    #[test]
+    fn stale_and_foreign_handles_are_closed() {
+        let mut s = store(MIB);
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        s.close(h);
+        assert_eq!(ready(s.stat(0, h)), Err(StoreError::Closed));
+        assert_eq!(write(&mut s, h, 0, b"x"), Err(StoreError::Closed));
+        assert_eq!(ready(s.read(0, h, 0, 1)), Err(StoreError::Closed));
+        assert_eq!(ready(s.truncate(0, h, 0)), Err(StoreError::Closed));
+        assert_eq!(ready(s.flush(0, h)), Err(StoreError::Closed));
+        s.close(h); // a second close is ignored
+        let (h2, _) = open(&mut s, "f", Disposition::Open).unwrap();
+        assert_ne!(h, h2);
+        assert_eq!(ready(s.stat(0, h)), Err(StoreError::Closed));
+        assert_eq!(ready(s.flush(0, h2)), Ok(()));
+        assert_eq!((s.in_flight(), s.usage().0), (0, 0));
+    }
+
+    #[test]
+    fn two_workers_write_different_files_concurrently() {
+        let f = MemStoreFactory::new(64 * MIB).unwrap();
+        let threads: Vec<_> = (0..2u8)
+            .map(|t| {
+                let mut s = f.store();
+                std::thread::spawn(move || {
+                    let name = format!("file{t}");
+                    let (h, _) = open(&mut s, &name, Disposition::Create).unwrap();
+                    let chunk: Vec<u8> = (0..100_000u32).map(|i| (i as u8) ^ t).collect();
+                    for i in 0..100u64 {
+                        // Interleaved offsets so both files grow block by block.
+                        write(&mut s, h, i * chunk.len() as u64, &chunk).unwrap();
+                    }
+                    for i in 0..100u64 {
+                        let off = i * chunk.len() as u64;
+                        assert_eq!(read(&mut s, h, off, chunk.len() as u32), chunk);
+                    }
+                    s.close(h);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut s = f.store();
+        for t in 0..2u8 {
+            let (h, _) = open(&mut s, &format!("FILE{t}"), Disposition::Open).unwrap();
+            assert_eq!(size(&mut s, h), 10_000_000);
+            assert_eq!(read(&mut s, h, 100_001, 3), [1 ^ t, 2 ^ t, 3 ^ t]);
+        }
+        assert_eq!(
+            s.usage().0,
+            2 * 10_000_000u64.div_ceil(BLOCK_SIZE) * BLOCK_SIZE
+        );
+    }
+
+    #[test]
+    fn racing_writers_filling_the_same_holes_map_each_block_once() {
+        let f = MemStoreFactory::new(64 * MIB).unwrap();
+        let mut s = f.store();
+        let (h, _) = open(&mut s, "shared", Disposition::Create).unwrap();
+        let threads: Vec<_> = (0..2u8)
+            .map(|t| {
+                let mut s = f.store();
+                std::thread::spawn(move || {
+                    let (h, _) = open(&mut s, "shared", Disposition::Open).unwrap();
+                    let data = vec![t + 1; BLOCK_SIZE as usize / 2];
+                    // Both threads fill the same holes, half a block each.
+                    for b in 0..200u64 {
+                        let off = b * BLOCK_SIZE + u64::from(t) * BLOCK_SIZE / 2;
+                        write(&mut s, h, off, &data).unwrap();
+                    }
+                    s.close(h);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            s.usage().0,
+            200 * BLOCK_SIZE,
+            "each block mapped exactly once"
+        );
+        assert_eq!(ready(s.stat(0, h)).unwrap().allocation, 200 * BLOCK_SIZE);
+        let half = BLOCK_SIZE as u32 / 2;
+        for b in [0u64, 99, 199] {
+            assert_eq!(
+                read(&mut s, h, b * BLOCK_SIZE, half),
+                vec![1; half as usize]
+            );
+            let second = b * BLOCK_SIZE + u64::from(half);
+            assert_eq!(read(&mut s, h, second, half), vec![2; half as usize]);
+        }
+    }
+
+    #[test]
+    fn names_compare_case_insensitively_and_keep_their_case() {
+        let mut s = store(MIB);
+        assert_eq!(
+            open(&mut s, "Dir\\ReadMe.TXT", Disposition::Create),
+            Err(StoreError::PathNotFound)
+        );
+        ready(s.open(0, &dir_req("Dir", Disposition::Create))).unwrap();
+        let (h, a) = open(&mut s, "dir\\ReadMe.TXT", Disposition::Create).unwrap();
+        assert_eq!(a, Action::Created);
+        assert_eq!(s.path(h), Ok("Dir\\ReadMe.TXT"));
+        write(&mut s, h, 0, b"abc").unwrap();
+        assert_eq!(
+            open(&mut s, "dIR\\readme.txt", Disposition::Create),
+            Err(StoreError::Exists)
+        );
+        let (h2, _) = open(&mut s, "DIR\\README.TXT", Disposition::Open).unwrap();
+        assert_eq!(read(&mut s, h2, 0, 3), b"abc");
+        assert_eq!(s.path(h2), Ok("Dir\\ReadMe.TXT"));
+        // Unicode folding too.
+        open(&mut s, "Ärger", Disposition::Create).unwrap();
+        assert!(open(&mut s, "äRGER", Disposition::Open).is_ok());
+    }
+
+    #[test]
+    fn directories_and_missing_parents() {
+        use Disposition::*;
+        let mut s = store(MIB);
+        // The root is a directory.
+        let (root, a, info) = ready(s.open(0, &dir_req("", Open))).unwrap();
+        assert!(info.is_dir && a == Action::Opened);
+        assert_eq!(ready(s.read(0, root, 0, 1)), Err(StoreError::IsADirectory));
+        assert_eq!(open(&mut s, "", Create), Err(StoreError::Exists));
+        // Missing parents.
+        assert_eq!(open(&mut s, "d\\f", Create), Err(StoreError::PathNotFound));
+        assert_eq!(open(&mut s, "d\\f", Open), Err(StoreError::PathNotFound));
+        assert_eq!(
+            ready(s.open(0, &dir_req("d\\e", OpenIf))).err(),
+            Some(StoreError::PathNotFound)
+        );
+        // Create directories with Create and OpenIf.
+        let (_, a, info) = ready(s.open(0, &dir_req("d", Create))).unwrap();
+        assert!(info.is_dir && a == Action::Created);
+        let (_, a, _) = ready(s.open(0, &dir_req("d\\e", OpenIf))).unwrap();
+        assert_eq!(a, Action::Created);
+        let (_, a, _) = ready(s.open(0, &dir_req("D\\E", OpenIf))).unwrap();
+        assert_eq!(a, Action::Opened);
+        let (f, _) = open(&mut s, "d\\e\\f", Create).unwrap();
+        assert_eq!(write(&mut s, f, 0, b"x"), Ok(1));
+        // A file is not a directory, a directory is not a file.
+        assert_eq!(
+            ready(s.open(0, &dir_req("d\\e\\f", Open))).err(),
+            Some(StoreError::NotADirectory)
+        );
+        let nondir = OpenRequest {
+            non_directory: true,
+            ..req("d", Open)
+        };
+        assert_eq!(
+            ready(s.open(0, &nondir)).err(),
+            Some(StoreError::IsADirectory)
+        );
+        assert_eq!(open(&mut s, "d", Overwrite), Err(StoreError::IsADirectory));
+        assert_eq!(
+            open(&mut s, "d\\e\\f\\g", Create),
+            Err(StoreError::PathNotFound)
+        );
+        // A directory cannot be superseded or overwritten ([MS-FSA] 2.1.5.1).
+        assert_eq!(
+            ready(s.open(0, &dir_req("z", OverwriteIf))).err(),
+            Some(StoreError::Io(libc::EINVAL))
+        );
+        let (d, _) = open(&mut s, "d", Open).unwrap();
+        assert_eq!(write(&mut s, d, 0, b"x"), Err(StoreError::IsADirectory));
+        assert_eq!(ready(s.truncate(0, d, 0)), Err(StoreError::IsADirectory));
+    }
+
+    #[test]
+    fn invalid_paths_are_refused() {
+        let mut s = store(MIB);
+        for p in ["..", "a\\..\\b", "\\a", "a:stream", "a/b", "a\\\\b"] {
+            assert_eq!(
+                open(&mut s, p, Disposition::OpenIf),
+                Err(StoreError::InvalidName),
+                "{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn factory_sizes_and_description() {
+        assert!(MemStoreFactory::new(1000).is_err());
+        let f = MemStoreFactory::new(2 * MIB).unwrap();
+        assert_eq!(f.capacity(), 2 * MIB);
+        assert!(f.describe().starts_with("mem (2 MiB, "), "{}", f.describe());
+        let s = f.handle(0);
+        assert_eq!(s.usage(), (0, Some(2 * MIB)));
+    }
+}

@@ -1,0 +1,618 @@
+//! The SMB2 client library (`smbdirect_dataplane::smb2::client`) against
+//! `smbdirectd serve --provider soft --upper smb2` as a child process:
+//! NEGOTIATE of each SMB 3.x dialect, sessions and trees, CREATE/WRITE/
+//! READ/CLOSE inline and through SMB2_CHANNEL_RDMA_V1(_INVALIDATE) with
+//! 1, 2 and 16 buffer descriptors, 32 pipelined requests on one
+//! connection, and server errors surfaced as `Smb2Error::Status`.
+
+mod common;
+use common::*;
+
+use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::{MemoryRegion, Provider};
+use smbdirect_dataplane::smb2::client::{
+    IoBuf, MessageId, Smb2Client, Smb2ClientOptions, Smb2Error, Transfer,
+};
+use smbdirect_hugepages::{Backing, BufferPool, PoolConfig, SizeClass, SliceAllocator};
+use smbdirect_protocol::ntstatus::*;
+use smbdirect_protocol::smb2::{
+    CreateAction, CreateDisposition, CreateOptions, Dialect, FileId, HashAlgorithm, SessionFlags,
+    ShareType, FSCTL_QUERY_NETWORK_INTERFACE_INFO,
+};
+use smbdirect_protocol::smbd::SmbdConfig;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+const QD: usize = 32;
+const IO: usize = 4096;
+
+fn cfg() -> SmbdConfig {
+    SmbdConfig {
+        receive_credit_max: 32,
+        send_credit_target: 32,
+        ..SmbdConfig::default()
+    }
+}
+
+/// The client's pool: one slice, reused connection after connection. The
+/// `io4k` class holds the pipelined 4 KiB buffers (so they do not come out
+/// of the 8 KiB receive class).
+fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
+    let pool = PoolConfig::new(48 << 20, 1)
+        .class(SizeClass::new("send", 1364).per_slice(256))
+        .class(SizeClass::new("io4k", 4096).per_slice(2 * QD as u32))
+        .class(SizeClass::new("receive", 8192).per_slice(64))
+        .class(SizeClass::new("io64k", 65536).per_slice(16))
+        .class(SizeClass::new("mid", 1 << 20).per_slice(6))
+        .class(SizeClass::new("big", 8 << 20).per_slice(2))
+        .backing(Backing::SharedMemfd)
+        .build()
+        .unwrap();
+    // SAFETY: the pool outlives the provider's use of it (whole test).
+    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
+    (pool, mr)
+}
+
+/// Deterministic test bytes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Env {
+    d: Option<Daemon>,
+    port: u16,
+    provider: SoftProvider,
+    _pool: BufferPool,
+    mr: MemoryRegion,
+    alloc: Option<SliceAllocator>,
+}
+
+impl Env {
+    fn start() -> Env {
+        let port = free_port();
+        let d = spawn(port, &["--upper", "smb2"]);
+        let provider = SoftProvider::new().unwrap();
+        let (pool, mr) = client_pool(&provider);
+        let alloc = Some(pool.claim_slice(0).unwrap());
+        Env {
+            d: Some(d),
+            port,
+            provider,
+            _pool: pool,
+            mr,
+            alloc,
+        }
+    }
+
+    fn connect_with(&mut self, options: Smb2ClientOptions) -> Smb2Client<SoftProvider> {
+        let addr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        let alloc = self.alloc.take().expect("slice free");
+        Smb2Client::connect(
+            &self.provider,
+            addr,
+            cfg(),
+            alloc,
+            self.mr,
+            Duration::from_secs(10),
+            options,
+        )
+        .expect("connect")
+    }
+
+    fn connect(&mut self) -> Smb2Client<SoftProvider> {
+        self.connect_with(Smb2ClientOptions::default())
+    }
+
+    /// Connects, negotiates `dialect`, sets up an anonymous session and
+    /// connects to `data`.
+    fn session(&mut self, dialect: Dialect) -> Smb2Client<SoftProvider> {
+        let mut c = self.connect();
+        c.negotiate(&[dialect]).expect("negotiate");
+        c.session_setup_anonymous().expect("session setup");
+        c.tree_connect("data").expect("tree connect");
+        c
+    }
+
+    /// Stops the daemon (a clean exit is part of every test).
+    fn stop(mut self) {
+        if let Some(d) = self.d.take() {
+            let _ = terminate(d);
+        }
+    }
+
+    fn done(&mut self, c: Smb2Client<SoftProvider>) {
+        self.alloc = Some(c.disconnect(Duration::from_secs(2)));
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // A failing test shows what the server said.
+        if let (true, Some(d)) = (std::thread::panicking(), &mut self.d) {
+            eprintln!("daemon stderr:\n{}", d.stderr.lock().unwrap());
+            eprintln!("client provider: {:?}", self.provider.stats());
+            if let Ok(None) = d.child.try_wait() {
+                eprintln!("daemon stats: {}", stats_json(d));
+            }
+        }
+    }
+}
+
+fn status(r: Result<impl std::fmt::Debug, Smb2Error>) -> NtStatus {
+    match r {
+        Err(Smb2Error::Status(s)) => s,
+        other => panic!("expected an error status, got {other:?}"),
+    }
+}
+
+fn create(c: &mut Smb2Client<SoftProvider>, name: &str) -> FileId {
+    c.create(
+        name,
+        CreateDisposition::OVERWRITE_IF,
+        CreateOptions::NON_DIRECTORY_FILE,
+    )
+    .expect("create")
+    .file_id
+}
+
+#[test]
+fn negotiates_each_smb3_dialect_and_records_the_servers_limits() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let all = [Dialect::SMB_3_0, Dialect::SMB_3_0_2, Dialect::SMB_3_1_1];
+    let cases: [(&[Dialect], Dialect); 4] = [
+        (&all[0..1], Dialect::SMB_3_0),
+        (&all[1..2], Dialect::SMB_3_0_2),
+        (&all[2..3], Dialect::SMB_3_1_1),
+        (&all, Dialect::SMB_3_1_1),
+    ];
+    for (offer, want) in cases {
+        let mut c = env.connect();
+        assert_eq!(c.credits().available(), 1, "one credit before NEGOTIATE");
+        let info = c.negotiate(offer).expect("negotiate");
+        assert_eq!(info.dialect, want);
+        assert_eq!(c.negotiated(), Some(&info));
+        for v in [
+            info.max_read_size,
+            info.max_write_size,
+            info.max_transact_size,
+        ] {
+            assert!(v >= 1 << 20, "{info:?}");
+        }
+        assert!(c.credits().multi_credit(), "LARGE_MTU offered");
+        assert!(c.credits().available() > QD as u32, "{:?}", c.credits());
+        if want == Dialect::SMB_3_1_1 {
+            assert_eq!(info.preauth_hash, Some(HashAlgorithm::SHA_512));
+            assert_eq!(info.server_salt.len(), 32);
+        } else {
+            assert_eq!(info.preauth_hash, None);
+        }
+        // NEGOTIATE is once per connection.
+        assert!(matches!(c.negotiate(offer), Err(Smb2Error::Invalid(_))));
+
+        let s = c.session_setup_anonymous().expect("session setup");
+        assert_ne!(s.session_id, 0);
+        assert!(s
+            .flags
+            .intersects(SessionFlags::IS_NULL | SessionFlags::IS_GUEST));
+        let t = c.tree_connect("data").expect("tree connect");
+        assert_eq!(t.share_type, ShareType::DISK);
+        assert_ne!(t.tree_id, 0);
+        assert_eq!(c.tree_id(), t.tree_id);
+
+        // A little I/O in every dialect, RDMA included.
+        let fid = create(&mut c, "dialect.bin");
+        let data = pattern(70_000, u64::from(want.0));
+        let rdma = Transfer::Rdma {
+            descriptors: 2,
+            invalidate: false,
+        };
+        assert_eq!(c.write(fid, 0, &data, rdma).unwrap(), 70_000);
+        assert_eq!(c.read(fid, 0, 70_000, Transfer::Inline).unwrap(), data);
+        let invalidate = Transfer::Rdma {
+            descriptors: 1,
+            invalidate: true,
+        };
+        if want == Dialect::SMB_3_0 {
+            // SMB2_CHANNEL_RDMA_V1_INVALIDATE is 3.0.2 and later.
+            assert!(matches!(
+                c.read(fid, 0, 100, invalidate),
+                Err(Smb2Error::Invalid(_))
+            ));
+        } else {
+            assert_eq!(c.read(fid, 0, 70_000, invalidate).unwrap(), data);
+        }
+        c.close(fid).unwrap();
+
+        c.echo().unwrap();
+        c.tree_disconnect().unwrap();
+        assert_eq!(c.tree_id(), 0);
+        c.logoff().unwrap();
+        assert_eq!(c.session_id(), 0);
+        assert_eq!(c.outstanding(), 0);
+        let st = c.stats();
+        assert_eq!(st.requests, st.responses);
+        assert_eq!(st.discarded, 0);
+        env.done(c);
+    }
+    env.stop();
+}
+
+#[test]
+fn create_write_read_close_inline_and_rdma_with_1_2_and_16_descriptors() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let mut c = env.session(Dialect::SMB_3_1_1);
+
+    let created = c
+        .create(
+            "rdma.bin",
+            CreateDisposition::OVERWRITE_IF,
+            CreateOptions::NON_DIRECTORY_FILE,
+        )
+        .unwrap();
+    assert_eq!(created.action, CreateAction::CREATED);
+    assert_eq!(created.end_of_file, 0);
+    let fid = created.file_id;
+
+    // Inline.
+    let small = pattern(3000, 1);
+    assert_eq!(c.write(fid, 0, &small, Transfer::Inline).unwrap(), 3000);
+    assert_eq!(c.read(fid, 0, 3000, Transfer::Inline).unwrap(), small);
+    c.flush(fid).unwrap();
+
+    // RDMA: 256 KiB + 123 bytes (CreditCharge 5) through 1, 2 and 16
+    // descriptors, with and without invalidation, written and read back.
+    let len = (256 << 10) + 123;
+    let mut end = 0;
+    let mut invalidating_ops = 0;
+    for (i, (descriptors, invalidate)) in [
+        (1, false),
+        (1, true),
+        (2, false),
+        (2, true),
+        (16, false),
+        (16, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let t = Transfer::Rdma {
+            descriptors,
+            invalidate,
+        };
+        let data = pattern(len, 10 + i as u64);
+        let off = 4096 + (i * len) as u64;
+        let before = c.credits().next_message_id();
+        assert_eq!(c.write(fid, off, &data, t).unwrap() as usize, len, "{t:?}");
+        // MessageId advances by CreditCharge = ceil(len / 64 KiB).
+        assert_eq!(c.credits().next_message_id() - before, 5);
+        let back = c.read(fid, off, len as u32, t).unwrap();
+        assert!(back == data, "RDMA round trip differs with {t:?}");
+        if invalidate {
+            invalidating_ops += 2;
+        }
+        end = off + len as u64;
+    }
+    // Whole-file read through 16 descriptors covers every range at once.
+    let whole = c
+        .read(
+            fid,
+            4096,
+            (end - 4096) as u32,
+            Transfer::Rdma {
+                descriptors: 16,
+                invalidate: true,
+            },
+        )
+        .unwrap();
+    invalidating_ops += 1;
+    for i in 0..6 {
+        assert!(whole[i * len..(i + 1) * len] == pattern(len, 10 + i as u64)[..]);
+    }
+    // Every grant was either invalidated by the server (the first of each
+    // invalidating request) or revoked.
+    let st = c.stats();
+    assert_eq!(st.invalidated, invalidating_ops);
+    assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");
+
+    c.close(fid).unwrap();
+    // The handle is gone.
+    assert_eq!(
+        status(c.read(fid, 0, 10, Transfer::Inline)),
+        STATUS_FILE_CLOSED
+    );
+    // Reopened, the file has everything written.
+    let reopened = c
+        .create(
+            "rdma.bin",
+            CreateDisposition::OPEN,
+            CreateOptions::NON_DIRECTORY_FILE,
+        )
+        .unwrap();
+    assert_eq!(reopened.action, CreateAction::OPENED);
+    assert_eq!(reopened.end_of_file, end);
+    assert_eq!(
+        c.read(reopened.file_id, 0, 3000, Transfer::Inline).unwrap(),
+        small
+    );
+    c.close(reopened.file_id).unwrap();
+    env.done(c);
+    env.stop();
+}
+
+/// Runs `total` requests with `QD` outstanding: `submit(c, i, buf)` starts
+/// request `i` with `buf`; `check(c, i, bytes, buf)` verifies its
+/// completion. Returns the most requests outstanding at once as the caller
+/// sees them (submitted, completion not polled yet) and on the wire (no
+/// response yet).
+fn pipeline(
+    c: &mut Smb2Client<SoftProvider>,
+    bufs: &[IoBuf],
+    total: usize,
+    mut submit: impl FnMut(&mut Smb2Client<SoftProvider>, usize, IoBuf) -> Result<MessageId, Smb2Error>,
+    mut check: impl FnMut(&Smb2Client<SoftProvider>, usize, u32, IoBuf),
+) -> (usize, usize) {
+    let mut free: VecDeque<IoBuf> = bufs.iter().copied().collect();
+    let mut inflight: HashMap<MessageId, usize> = HashMap::new();
+    let (mut next, mut done, mut peak, mut wire) = (0, 0, 0, 0);
+    while done < total {
+        while next < total {
+            let Some(b) = free.pop_front() else { break };
+            match submit(c, next, b) {
+                Ok(id) => {
+                    inflight.insert(id, next);
+                    next += 1;
+                }
+                Err(Smb2Error::NoCredits { .. }) => {
+                    free.push_front(b);
+                    break;
+                }
+                Err(e) => panic!("submit {next}: {e}"),
+            }
+        }
+        peak = peak.max(inflight.len());
+        wire = wire.max(c.outstanding());
+        let comp = c
+            .poll(Duration::from_secs(10))
+            .expect("poll")
+            .expect("a completion");
+        let i = inflight.remove(&comp.id).expect("a submitted request");
+        let n = comp
+            .result
+            .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+        let b = comp.buf.expect("its buffer");
+        check(c, i, n, b);
+        free.push_back(b);
+        done += 1;
+    }
+    assert_eq!(c.outstanding(), 0);
+    (peak, wire)
+}
+
+#[test]
+fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let mut c = env.session(Dialect::SMB_3_1_1);
+    let fid = create(&mut c, "qd.bin");
+    const BLOCKS: usize = 128;
+    let mut file = pattern(BLOCKS * IO, 77);
+    let t = Transfer::Rdma {
+        descriptors: 4,
+        invalidate: true,
+    };
+    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
+
+    let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    let block = |i: usize| (i * 37) % BLOCKS;
+
+    // Reads, RDMA with invalidation, then inline.
+    for transfer in [
+        Transfer::Rdma {
+            descriptors: 1,
+            invalidate: true,
+        },
+        Transfer::Inline,
+    ] {
+        let total = 8 * QD;
+        let expect = file.clone();
+        let peak = pipeline(
+            &mut c,
+            &bufs,
+            total,
+            |c, i, b| c.submit_read(fid, (block(i) * IO) as u64, IO as u32, b, transfer),
+            |c, i, n, b| {
+                assert_eq!(n as usize, IO);
+                let got = c.io_buf(b).expect("buffer is back");
+                let off = block(i) * IO;
+                assert!(
+                    got == &expect[off..off + IO],
+                    "read {i} ({transfer:?}) differs"
+                );
+            },
+        );
+        assert_eq!(peak, (QD, QD), "{transfer:?}");
+    }
+
+    // Writes, RDMA through 2 descriptors: new contents for every block.
+    let peak = pipeline(
+        &mut c,
+        &bufs,
+        BLOCKS,
+        |c, i, b| {
+            c.io_buf_mut(b)
+                .unwrap()
+                .copy_from_slice(&pattern(IO, 1000 + i as u64));
+            c.submit_write(
+                fid,
+                (i * IO) as u64,
+                IO as u32,
+                b,
+                Transfer::Rdma {
+                    descriptors: 2,
+                    invalidate: false,
+                },
+            )
+        },
+        |_, _, n, _| assert_eq!(n as usize, IO),
+    );
+    // Grants are drained in batches, which may retire responses while
+    // submitting: the 32 are the caller's, not always on the wire at once.
+    assert_eq!(peak.0, QD, "{peak:?}");
+    for i in 0..BLOCKS {
+        file[i * IO..(i + 1) * IO].copy_from_slice(&pattern(IO, 1000 + i as u64));
+    }
+    let back = c
+        .read(
+            fid,
+            0,
+            file.len() as u32,
+            Transfer::Rdma {
+                descriptors: 8,
+                invalidate: false,
+            },
+        )
+        .unwrap();
+    assert!(back == file, "pipelined writes differ");
+
+    // Flushes and echoes pipeline too.
+    let a = c.submit_flush(fid).unwrap();
+    let b = c.submit_echo().unwrap();
+    assert_eq!(c.wait(b).unwrap().result.unwrap(), 0);
+    assert_eq!(c.wait(a).unwrap().result.unwrap(), 0);
+
+    let st = c.stats();
+    assert_eq!(st.requests, st.responses);
+    assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");
+    for b in bufs {
+        c.free_io_buf(b).unwrap();
+    }
+    c.close(fid).unwrap();
+    env.done(c);
+    env.stop();
+}
+
+#[test]
+fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let mut c = env.connect_with(Smb2ClientOptions {
+        timeout: Duration::from_secs(10),
+        ..Smb2ClientOptions::default()
+    });
+    c.negotiate(&[Dialect::SMB_3_0_2]).unwrap();
+    c.session_setup_anonymous().unwrap();
+    assert_eq!(status(c.tree_connect("nope")), STATUS_BAD_NETWORK_NAME);
+    c.tree_connect("data").unwrap();
+
+    assert_eq!(
+        status(c.create(
+            "missing.bin",
+            CreateDisposition::OPEN,
+            CreateOptions::NON_DIRECTORY_FILE
+        )),
+        STATUS_OBJECT_NAME_NOT_FOUND
+    );
+    let fid = c
+        .create(
+            "e.bin",
+            CreateDisposition::CREATE,
+            CreateOptions::NON_DIRECTORY_FILE,
+        )
+        .unwrap()
+        .file_id;
+    assert_eq!(
+        status(c.create(
+            "e.bin",
+            CreateDisposition::CREATE,
+            CreateOptions::NON_DIRECTORY_FILE
+        )),
+        STATUS_OBJECT_NAME_COLLISION
+    );
+
+    // An IOCTL this server does not implement.
+    assert_eq!(
+        status(c.ioctl(fid, FSCTL_QUERY_NETWORK_INTERFACE_INFO, &[], 4096)),
+        STATUS_NOT_SUPPORTED
+    );
+    assert_eq!(
+        status(c.ioctl(FileId::ANY, FSCTL_QUERY_NETWORK_INTERFACE_INFO, &[], 4096)),
+        STATUS_NOT_SUPPORTED
+    );
+
+    // READ of an empty file.
+    assert_eq!(
+        status(c.read(fid, 0, 100, Transfer::Inline)),
+        STATUS_END_OF_FILE
+    );
+    let rdma = Transfer::Rdma {
+        descriptors: 2,
+        invalidate: true,
+    };
+    assert_eq!(status(c.read(fid, 0, 8192, rdma)), STATUS_END_OF_FILE);
+
+    // A failed pipelined request gives its buffer back with the status.
+    let b = c.alloc_io_buf(IO).unwrap();
+    let id = c.submit_read(fid, 0, IO as u32, b, rdma).unwrap();
+    // Lent: neither readable nor lendable.
+    assert!(c.io_buf(b).is_none());
+    assert!(matches!(
+        c.submit_read(fid, 0, IO as u32, b, Transfer::Inline),
+        Err(Smb2Error::Invalid(_))
+    ));
+    let comp = c.wait(id).unwrap();
+    assert!(matches!(comp.result, Err(Smb2Error::Status(s)) if s == STATUS_END_OF_FILE));
+    assert_eq!(comp.buf, Some(b));
+    assert!(c.io_buf(b).is_some());
+
+    // Local checks: over MaxReadSize, more descriptors than bytes.
+    let max = c.negotiated().unwrap().max_read_size;
+    assert!(matches!(
+        c.submit_read(fid, 0, max + 1, b, Transfer::Inline),
+        Err(Smb2Error::Invalid(_))
+    ));
+    assert!(matches!(
+        c.submit_read(
+            fid,
+            0,
+            8,
+            b,
+            Transfer::Rdma {
+                descriptors: 9,
+                invalidate: false
+            }
+        ),
+        Err(Smb2Error::Invalid(_))
+    ));
+
+    c.close(fid).unwrap();
+    assert_eq!(status(c.flush(fid)), STATUS_FILE_CLOSED);
+    assert_eq!(status(c.close(fid)), STATUS_FILE_CLOSED);
+    // Every grant was released despite the errors; the connection goes on.
+    let st = c.stats();
+    assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");
+    c.echo().unwrap();
+    assert!(c.credits().available() >= 1);
+
+    // After LOGOFF the session is gone on the server.
+    c.logoff().unwrap();
+    c.set_tree_id(1);
+    assert!(c
+        .create(
+            "x",
+            CreateDisposition::OPEN_IF,
+            CreateOptions::NON_DIRECTORY_FILE
+        )
+        .is_err());
+    env.done(c);
+    env.stop();
+}
