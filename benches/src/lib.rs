@@ -1,6 +1,7 @@
 //! Benchmarks and load generators (issue 6 grows this into `smbdirectd bench`).
 
 pub mod baseline;
+pub mod bench;
 pub mod dispatch_bench;
 pub mod protocol_loopback;
 pub mod provider_bench;

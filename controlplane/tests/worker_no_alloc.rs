@@ -13,9 +13,11 @@
 //!   Invalidate, revoke, poll) does not allocate on the posting thread
 //!   either, measured without a worker.
 //!
-//! The SMB2 + QoS layer's I/O (RDMA through SMB2 READ/WRITE) belongs in the
-//! first test's measured loop when it lands; the echo upper layer's RDMA
-//! echo request stands in for it until then.
+//! * the SMB2 upper layer serves pipelined READ/WRITE (inline, RDMA_V1 and
+//!   RDMA_V1_INVALIDATE) on the memory store, some of it through a Storage
+//!   QoS flow whose limit makes requests wait in the worker's QoS queue,
+//!   without its worker thread allocating once warmed up; the client thread
+//!   issuing them is counted too.
 
 use smbdirect_controlplane::{start, ServerConfig};
 use smbdirect_dataplane::client::{buffer_descriptor, Client};
@@ -386,6 +388,152 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
         bt.to_string().contains("worker_no_alloc"),
         "the backtrace names the allocating code:\n{bt}"
     );
+}
+
+// ---- the SMB2 + QoS I/O path -------------------------------------------------
+
+#[test]
+fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
+    use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
+    use smbdirect_dataplane::smb2::store::{MemStoreFactory, StoreFactory};
+    use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
+    use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
+    use smbdirect_protocol::sqos::{
+        Dialect as QosDialect, Guid, Options, StorageQosControlRequestRepr,
+        FSCTL_STORAGE_QOS_CONTROL,
+    };
+    const QD: usize = 8;
+    const ROUNDS: usize = 1_500;
+
+    let provider = Arc::new(SoftProvider::new().expect("soft provider"));
+    let store = Arc::new(MemStoreFactory::new(64 << 20).expect("memory store"));
+    let server = start(provider.clone(), server_config(), move || {
+        Smb2Server::new(Smb2Config::default(), store.handle(0))
+    })
+    .expect("server starts");
+    let cpool = PoolConfig::smbdirect(64 << 20, 1, 8192, 1364, 1 << 16)
+        .backing(Backing::SharedMemfd)
+        .build()
+        .expect("client pool");
+    // SAFETY: the pool outlives the provider's use of it in this test.
+    let mr = unsafe { provider.register_pool(&cpool) }.expect("register the client pool");
+    let mut c = Smb2Client::connect(
+        &*provider,
+        server.local_addr(),
+        smbd(),
+        cpool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(5),
+        Smb2ClientOptions::default(),
+    )
+    .expect("connect");
+    c.negotiate(&[Dialect::SMB_3_1_1]).unwrap();
+    c.session_setup_anonymous().unwrap();
+    c.tree_connect("data").unwrap();
+    let open = |c: &mut Smb2Client<SoftProvider>, name: &str| {
+        c.create(
+            name,
+            CreateDisposition::OVERWRITE_IF,
+            CreateOptions::NON_DIRECTORY_FILE,
+        )
+        .unwrap()
+        .file_id
+    };
+    let plain = open(&mut c, "plain.bin");
+    let limited = open(&mut c, "limited.bin");
+    for f in [plain, limited] {
+        let t = Transfer::Rdma { descriptors: 1, invalidate: false };
+        c.write(f, 0, &vec![7u8; 1 << 16], t).unwrap();
+    }
+    // A flow of 2,000 normalized IOPS: faster than that, requests wait in
+    // the worker's QoS queue (the held-message path).
+    let mut req = StorageQosControlRequestRepr::new(
+        QosDialect::V1_1,
+        Options::from_bits(Options::SET_LOGICAL_FLOW_ID.bits() | Options::SET_POLICY.bits()),
+        Guid::from_fields(1, 2, 3, [4; 8]),
+    );
+    req.limit = 2_000;
+    let (st, _) = c
+        .ioctl(limited, FSCTL_STORAGE_QOS_CONTROL, &req.to_vec(), 1024)
+        .expect("set policy");
+    assert_eq!(st, STATUS_SUCCESS);
+
+    let kinds = [
+        (plain, 4096u32, Transfer::Inline, false),
+        (plain, 4096, Transfer::Rdma { descriptors: 1, invalidate: false }, true),
+        (plain, 65536, Transfer::Rdma { descriptors: 2, invalidate: true }, false),
+        (limited, 8192, Transfer::Rdma { descriptors: 1, invalidate: true }, false),
+        (limited, 4096, Transfer::Inline, true),
+    ];
+    let mut bufs = Vec::new();
+    for _ in 0..QD {
+        // Buffers move between request kinds: all of the largest size.
+        bufs.push(c.alloc_io_buf(65536).unwrap());
+    }
+    let mut run = |c: &mut Smb2Client<SoftProvider>, rounds: usize| {
+        let mut issued = 0usize;
+        let mut done = 0usize;
+        let submit = |c: &mut Smb2Client<SoftProvider>, k: usize, b| {
+            let (f, len, t, write) = kinds[k % kinds.len()];
+            if write {
+                c.submit_write(f, 0, len, b, t).expect("submit write");
+            } else {
+                c.submit_read(f, 0, len, b, t).expect("submit read");
+            }
+        };
+        for (i, b) in bufs.iter().enumerate() {
+            submit(c, i, *b);
+            issued += 1;
+        }
+        while done < issued {
+            let comp = c
+                .poll(Duration::from_secs(5))
+                .expect("poll")
+                .expect("a completion within 5 s");
+            assert!(comp.result.is_ok(), "{:?}", comp.result);
+            done += 1;
+            if issued < rounds {
+                submit(c, issued, comp.buf.expect("the buffer comes back"));
+                issued += 1;
+            }
+        }
+    };
+    run(&mut c, ROUNDS);
+    let warm = WORKER_ALLOCS.load(Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let ((), client_allocs) = count_here(|| run(&mut c, ROUNDS * 2));
+    let took = t0.elapsed();
+    // 2/5 of the requests are on the limited flow, one normalized I/O each:
+    // at 2,000 IOPS they cannot all finish in much less than 0.6 s, so they
+    // did wait in the QoS queue.
+    assert!(
+        took >= Duration::from_millis(450),
+        "{} requests in {took:?}: the QoS limit did not hold them",
+        ROUNDS * 2
+    );
+    ARMED.store(false, Ordering::Relaxed);
+    let after = WORKER_ALLOCS.load(Ordering::Relaxed);
+    let t = server.stats().totals();
+    println!(
+        "SMB2 path: {} worker allocations and {client_allocs} client-thread allocations during {} \
+         pipelined READ/WRITE (QD {QD}; inline, RDMA_V1, RDMA_V1_INVALIDATE, a QoS-limited flow); \
+         {:.2} s (the limited flow's requests waited in the QoS queue)",
+        after - warm,
+        ROUNDS * 2,
+        took.as_secs_f64(),
+    );
+    if after != warm {
+        let bt = FIRST_WORKER_ALLOC.lock().unwrap().take();
+        panic!(
+            "the worker thread allocated {} times in steady state; the first allocation:\n{}",
+            after - warm,
+            bt.map_or_else(|| "(no backtrace captured)".into(), |b| b.to_string())
+        );
+    }
+    assert_eq!(t.rdma_errors, 0);
+    let _ = c.disconnect(Duration::from_secs(2));
+    server.shutdown();
 }
 
 // ---- the provider's RDMA path ------------------------------------------------

@@ -902,6 +902,34 @@ impl<Q: QueuePair> Endpoint<Q> {
                     .handle_receive(now, bytes, wc.invalidated_rkey, &mut p);
                 match r {
                     Ok(Receive::Message {
+                        data: MessageData::Reassembled,
+                        invalidated_token,
+                    }) => {
+                        // The reassembly buffer is reused by the next
+                        // fragment: a delivery that may wait (deferred
+                        // behind others, held by the upper layer) gets its
+                        // own pool buffer. One copy per fragmented message.
+                        let _ = alloc.free(buf);
+                        let msg = self.conn.reassembled();
+                        let len = msg.len();
+                        let Ok(nb) = alloc.alloc_len(len.max(1)) else {
+                            return Err(self.fail(EndpointError::PoolExhausted));
+                        };
+                        // SAFETY: `nb` was just allocated and is exclusively ours.
+                        match unsafe { self.pool.bytes_mut(nb) } {
+                            Some(b) if b.len() >= len => b[..len].copy_from_slice(msg),
+                            _ => {
+                                let _ = alloc.free(nb);
+                                return Err(self.fail(EndpointError::PoolExhausted));
+                            }
+                        }
+                        Ok(Some(Event::Message(Delivery {
+                            buf: nb,
+                            data: MessageData::InPlace(0..len),
+                            invalidated_token,
+                        })))
+                    }
+                    Ok(Receive::Message {
                         data,
                         invalidated_token,
                     }) => Ok(Some(Event::Message(Delivery {

@@ -139,7 +139,11 @@ impl PoolConfig {
     /// * send buffers of `max_send_size` bytes (MaxSendSize, 1364 by
     ///   default; the stride is rounded up to 1408), 10 %;
     /// * RDMA staging buffers of `max_read_write_size` bytes
-    ///   (MaxReadWriteSize, e.g. 1 MiB or 8 MiB), 65 %.
+    ///   (MaxReadWriteSize, e.g. 1 MiB or 8 MiB), 65 %, less what goes to
+    /// * intermediate classes of 64 KiB (10 %) and 1 MiB (20 %), where they
+    ///   lie strictly between the receive and the RDMA sizes (appended after
+    ///   the three, so the ids above stay put): transfers and reassembled
+    ///   messages take the smallest class that holds them.
     pub fn smbdirect(
         budget: usize,
         slices: usize,
@@ -147,10 +151,23 @@ impl PoolConfig {
         max_send_size: usize,
         max_read_write_size: usize,
     ) -> Self {
-        Self::new(budget, slices)
+        let c = Self::new(budget, slices)
             .class(SizeClass::new("receive", max_receive_size).share(25))
-            .class(SizeClass::new("send", max_send_size).share(10))
-            .class(SizeClass::new("rdma", max_read_write_size).share(65))
+            .class(SizeClass::new("send", max_send_size).share(10));
+        // Intermediate classes so a 64 KiB transfer or reassembled message
+        // does not take a MaxReadWriteSize buffer (appended: the ClassId
+        // constants keep their positions).
+        let mid = [(64usize << 10, "rdma64k", 10u32), (1 << 20, "rdma1m", 20)];
+        let mids: Vec<_> = mid
+            .iter()
+            .filter(|(size, _, _)| *size > max_receive_size && *size < max_read_write_size)
+            .collect();
+        let rdma_share = 65 - mids.iter().map(|m| m.2).sum::<u32>();
+        let mut c = c.class(SizeClass::new("rdma", max_read_write_size).share(rdma_share));
+        for (size, name, share) in mids {
+            c = c.class(SizeClass::new(*name, *size).share(*share));
+        }
+        c
     }
 
     /// Adds a size class; its [`crate::ClassId`] is its position (0, 1, ...).

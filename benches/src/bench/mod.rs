@@ -1,0 +1,318 @@
+//! `smbdirectd bench`: the load generator and latency meter, the client of
+//! everything the server speaks.
+//!
+//! ```text
+//! smbdirectd bench --loopback --workload send --size 512 --duration 3
+//! smbdirectd bench --connect 192.0.2.7:445 --provider verbs --cores 2,3 \
+//!     --connections 8 --queue-depth 16 --workload send --size 4K --json out.json
+//! ```
+//!
+//! * [`options`]: the command line ([`BenchArgs`]) and its checked form
+//!   ([`BenchOptions`]);
+//! * [`workload`]: the [`Workload`] / [`Session`] traits every `--workload`
+//!   implements (the extension point for `read`, `write`, `mixed`, `qos`);
+//! * [`runner`]: pinned client threads, queue depth, warm-up, duration or
+//!   iterations, fixed rate with coordinated-omission correction;
+//! * the workloads: [`send`] (SMB Direct echo round trips), [`raw_send`]
+//!   (the same over the bare provider: the baseline), [`pingpong`] (two
+//!   threads bouncing a cache line: the hardware floor);
+//! * the outputs: [`report`] (table, JSON), [`hgrm`] (HdrHistogram
+//!   percentile distribution), [`plot`] (SVG), [`progress`] (the live line);
+//! * [`pattern`]: `--verify`'s per-operation payload.
+
+pub mod error;
+pub mod hgrm;
+pub mod options;
+pub mod pattern;
+pub mod pingpong;
+pub mod plot;
+pub mod progress;
+pub mod raw_send;
+pub mod report;
+pub mod runner;
+pub mod send;
+pub mod workload;
+
+pub use error::BenchError;
+pub use options::{BenchArgs, BenchOptions, ProviderChoice, Stop, Target, WorkloadKind};
+pub use report::Report;
+pub use workload::{Outcome, Session, Workload};
+
+use progress::Progress;
+use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
+use smbdirect_dataplane::provider::Provider;
+use smbdirect_hugepages::BufferPool;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A connection with operations outstanding and none finishing for this
+/// long ends the run with an error.
+pub const STALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// Buffer pools registered with the provider during a run. The provider's
+/// registration contract wants the memory mapped until the provider is
+/// dropped, so [`run`] creates this before the provider and drops it after.
+#[derive(Default)]
+pub struct Retained(Mutex<Vec<BufferPool>>);
+
+impl Retained {
+    /// Keeps `pool` mapped until this is dropped.
+    pub fn keep(&self, pool: BufferPool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(pool);
+    }
+}
+
+/// What the not-yet-implemented workloads wait for; `None` for the
+/// implemented ones.
+fn missing_piece(w: WorkloadKind) -> Option<&'static str> {
+    match w {
+        WorkloadKind::Send | WorkloadKind::RawSend | WorkloadKind::Pingpong => None,
+        WorkloadKind::Read | WorkloadKind::Write | WorkloadKind::Mixed => {
+            Some("the SMB2 client, dataplane/src/smb2/client.rs, and a loopback server with --upper smb2")
+        }
+        WorkloadKind::Qos => Some(
+            "the SMB2 client with [MS-SQOS] FSCTL_STORAGE_QOS_CONTROL, and Storage QoS enforcement in the server",
+        ),
+    }
+}
+
+fn plan(opts: &BenchOptions) -> runner::Plan {
+    runner::Plan {
+        warmup: opts.warmup,
+        stop: opts.stop,
+        rate: opts.rate,
+        queue_depth: opts.queue_depth,
+        connections: opts.connections,
+        client_cores: opts.client_cores[..opts.client_threads()].to_vec(),
+        stall_limit: STALL_LIMIT,
+    }
+}
+
+fn report(opts: &BenchOptions, provider: &'static str, m: runner::Measurement) -> Report {
+    Report {
+        workload: opts.workload.name(),
+        size: if opts.workload == WorkloadKind::Pingpong {
+            8
+        } else {
+            opts.size
+        },
+        queue_depth: opts.queue_depth,
+        connections: opts.connections,
+        provider,
+        target: match opts.target {
+            Target::Loopback(_) => "loopback".into(),
+            Target::Connect(a) => a.to_string(),
+        },
+        warmup_s: opts.warmup.as_secs_f64(),
+        iterations: match opts.stop {
+            Stop::Iterations(n) => Some(n),
+            Stop::After(_) => None,
+        },
+        rate: opts.rate,
+        verify: opts.verify,
+        server_cores: opts.server_cores.clone(),
+        client_cores: opts.client_cores[..m.threads.min(opts.client_cores.len())].to_vec(),
+        m,
+    }
+}
+
+fn progress(opts: &BenchOptions) -> Progress {
+    Progress::new(
+        format!("[bench {}]", opts.workload.name()),
+        !opts.quiet && progress::stderr_is_tty(),
+    )
+}
+
+/// Runs the benchmark `opts` describes.
+pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
+    if let Some(needs) = missing_piece(opts.workload) {
+        return Err(BenchError::NotImplemented {
+            workload: opts.workload,
+            needs,
+        });
+    }
+    if opts.workload == WorkloadKind::Pingpong {
+        let w = pingpong::PingPongWorkload::new(opts.server_cores.clone());
+        let m = runner::run(&w, &plan(opts), &mut progress(opts))?;
+        return Ok(report(opts, "none", m));
+    }
+    // Declared before the provider, so dropped after it.
+    let retained = Retained::default();
+    let use_verbs = match opts.provider {
+        ProviderChoice::Soft => false,
+        ProviderChoice::Verbs => true,
+        ProviderChoice::Auto => verbs::devices().map(|d| !d.is_empty()).unwrap_or(false),
+    };
+    if use_verbs {
+        let p = VerbsProvider::open(VerbsConfig::default()).map_err(|e| {
+            BenchError::failed(
+                "opening an RDMA device",
+                format!("{e} (use --provider soft on hosts without one)"),
+            )
+        })?;
+        run_on(Arc::new(p), opts, &retained)
+    } else {
+        let p = SoftProvider::new()
+            .map_err(|e| BenchError::failed("starting the soft provider", e))?;
+        run_on(Arc::new(p), opts, &retained)
+    }
+}
+
+fn run_on<P: Provider>(
+    provider: Arc<P>,
+    opts: &BenchOptions,
+    retained: &Retained,
+) -> Result<Report, BenchError> {
+    let name = provider.name();
+    let plan = plan(opts);
+    let mut progress = progress(opts);
+    let m = match opts.workload {
+        WorkloadKind::Send => {
+            let (addr, server) = match opts.target {
+                Target::Loopback(listen) => {
+                    let s = send::start_echo_server(provider.clone(), opts, listen)?;
+                    (s.local_addr(), Some(s))
+                }
+                Target::Connect(addr) => (addr, None),
+            };
+            let w = send::SendWorkload::new(provider.clone(), addr, opts, retained);
+            let r = runner::run(&w, &plan, &mut progress);
+            if let Some(s) = server {
+                s.shutdown();
+            }
+            r?
+        }
+        WorkloadKind::RawSend => {
+            let Target::Loopback(listen) = opts.target else {
+                return Err(BenchError::Usage(
+                    "--workload raw-send needs --loopback (its peer is a thread of this process)"
+                        .into(),
+                ));
+            };
+            let echo = raw_send::RawEchoServer::start(
+                provider.clone(),
+                listen,
+                opts.server_cores.first().copied().flatten(),
+                opts.connections,
+                opts.queue_depth,
+                opts.size,
+                retained,
+            )?;
+            let w = raw_send::RawSendWorkload::new(
+                provider.clone(),
+                echo.addr(),
+                opts.size,
+                opts.queue_depth,
+                opts.verify,
+                retained,
+            );
+            let r = runner::run(&w, &plan, &mut progress);
+            let echoed = echo.stop();
+            let m = r?;
+            echoed?;
+            m
+        }
+        // The extension point: each new workload gets its arm here (which
+        // loopback server it needs, then `runner::run` of its `Workload`).
+        WorkloadKind::Read
+        | WorkloadKind::Write
+        | WorkloadKind::Mixed
+        | WorkloadKind::Qos
+        | WorkloadKind::Pingpong => {
+            return Err(BenchError::NotImplemented {
+                workload: opts.workload,
+                needs: missing_piece(opts.workload).unwrap_or("its Workload implementation"),
+            })
+        }
+    };
+    Ok(report(opts, name, m))
+}
+
+/// The output files, created before the run so that a bad path fails
+/// early.
+struct Outputs {
+    files: Vec<(PathBuf, File, fn(&Report) -> String)>,
+}
+
+impl Outputs {
+    fn create(opts: &BenchOptions) -> Result<Self, BenchError> {
+        let mut files = Vec::new();
+        let wanted: [(&Option<PathBuf>, &str, fn(&Report) -> String); 3] = [
+            (&opts.json, "--json", |r| r.to_json()),
+            (&opts.hgrm, "--hgrm", |r| hgrm::percentile_distribution(&r.m.histogram)),
+            (&opts.plot, "--plot", |r| plot::svg(&r.m.histogram, &r.title())),
+        ];
+        for (path, flag, render) in wanted {
+            if let Some(p) = path {
+                let f = File::create(p).map_err(|e| {
+                    BenchError::Usage(format!("{flag} {}: {e}", p.display()))
+                })?;
+                files.push((p.clone(), f, render));
+            }
+        }
+        Ok(Outputs { files })
+    }
+
+    fn write(self, r: &Report) -> Result<(), String> {
+        for (path, mut f, render) in self.files {
+            f.write_all(render(r).as_bytes())
+                .and_then(|()| f.flush())
+                .map_err(|e| format!("writing {}: {e}", Path::new(&path).display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// `smbdirectd bench`: runs, prints the table, writes the files. Exit
+/// status 0 when every operation succeeded, 1 on errors (failed operations,
+/// `--verify` mismatches, a run that could not complete), 2 on usage
+/// errors.
+pub fn main(args: &BenchArgs) -> ExitCode {
+    let fail = |e: &dyn std::fmt::Display, code: u8| {
+        eprintln!("smbdirectd bench: {e}");
+        ExitCode::from(code)
+    };
+    let opts = match BenchOptions::from_args(args) {
+        Ok(o) => o,
+        Err(e) => return fail(&e, e.exit_code()),
+    };
+    if let Some(needs) = missing_piece(opts.workload) {
+        let e = BenchError::NotImplemented {
+            workload: opts.workload,
+            needs,
+        };
+        return fail(&e, e.exit_code());
+    }
+    let outputs = match Outputs::create(&opts) {
+        Ok(o) => o,
+        Err(e) => return fail(&e, e.exit_code()),
+    };
+    let r = match run(&opts) {
+        Ok(r) => r,
+        Err(e) => return fail(&e, e.exit_code()),
+    };
+    println!("{}", r.table());
+    if let Err(e) = outputs.write(&r) {
+        return fail(&e, 1);
+    }
+    if r.m.errors > 0 {
+        let what = if opts.verify {
+            "operation(s) failed or echoed bytes that differ from those sent"
+        } else {
+            "operation(s) failed"
+        };
+        return fail(&format!("{} {what}", r.m.errors), 1);
+    }
+    if r.m.ops == 0 {
+        return fail(&"no operation was measured", 1);
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,512 @@
+//! `--workload raw-send`: the `send` round trip over the bare provider,
+//! without SMB Direct — the baseline `send` is judged against. Each
+//! operation posts one signaled Send of `--size` bytes from a registered
+//! buffer of its slot; an echo thread on the server core ([`RawEchoServer`])
+//! sends every message straight back out of the receive buffer it landed in
+//! and reposts that buffer once the echo's Send completes (the provider
+//! benchmark's responder, `crate::provider_bench`, for many connections and
+//! a queue depth). The operation ends when the echo's receive completed and
+//! its own Send did (only then may the slot's buffer be reused).
+//!
+//! No negotiation, credits, headers, fragmentation or pool allocation:
+//! messages above MaxSendSize travel as one Send here, so compare `send`
+//! and `raw-send` at sizes up to MaxSendSize - 24 (1340 bytes by default)
+//! for the protocol's own cost.
+//!
+//! Loopback only: the peer is a thread of this process (a running `serve`
+//! speaks SMB Direct).
+
+use super::error::BenchError;
+use super::pattern;
+use super::workload::{Fifo, Outcome, Session, Workload};
+use super::Retained;
+use crate::baseline;
+use smbdirect_dataplane::provider::{
+    Completion, CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
+    RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+use smbdirect_hugepages::{
+    BufLocation, BufferPool, ClassId, HugepagePolicy, PoolConfig, SizeClass, SliceAllocator,
+};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// wr_id bit that marks a receive (its low bits: the receive buffer index).
+const RECV_BIT: u64 = 1 << 63;
+/// How long connection set-up may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Receives the echo thread keeps per connection for `qd`: a request can
+/// arrive while the buffer of the previous one still carries its echo.
+fn echo_receives(qd: u32) -> u32 {
+    2 * qd + 2
+}
+
+fn caps(depth: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: depth + 4,
+        max_recv_wr: depth + 4,
+        max_sge: 1,
+        ird: 1,
+        ord: 1,
+    }
+}
+
+/// A registered pool of `count` buffers of `size` bytes, all allocated.
+struct Buffers {
+    /// Keeps the mapping alive (also kept by [`Retained`]).
+    _pool: BufferPool,
+    /// Owns the buffers for the run.
+    _alloc: SliceAllocator,
+    mr: MemoryRegion,
+    bufs: Box<[BufLocation]>,
+}
+
+// SAFETY: the buffers are plain memory of a pool mapping that `pool` keeps
+// alive; whoever holds `Buffers` is their only user on this side.
+unsafe impl Send for Buffers {}
+
+impl Buffers {
+    fn new<P: Provider>(
+        provider: &P,
+        size: usize,
+        count: u32,
+        retained: &Retained,
+        what: &str,
+    ) -> Result<Self, BenchError> {
+        let err = |e: &dyn std::fmt::Display| BenchError::failed(what.to_string(), e.to_string());
+        let stride = size.next_multiple_of(4096);
+        let budget = stride * (count as usize + 2) + (4 << 20);
+        let pool = PoolConfig::new(budget, 1)
+            .class(SizeClass::new("raw", size.next_multiple_of(64)).per_slice(count))
+            .hugepages(HugepagePolicy::Prefer)
+            .mlock(false)
+            .build()
+            .map_err(|e| err(&e))?;
+        retained.keep(pool.clone());
+        // SAFETY: `retained` keeps the pool mapped until after the provider
+        // is dropped.
+        let mr = unsafe { provider.register_pool(&pool) }.map_err(|e| err(&e))?;
+        let mut alloc = pool.claim_slice(0).map_err(|e| err(&e))?;
+        let mut bufs = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let loc = alloc
+                .alloc(ClassId(0))
+                .ok()
+                .and_then(|id| pool.locate(id))
+                .ok_or_else(|| err(&"the pool has fewer buffers than asked for"))?;
+            bufs.push(loc);
+        }
+        Ok(Buffers {
+            _pool: pool,
+            _alloc: alloc,
+            mr,
+            bufs: bufs.into_boxed_slice(),
+        })
+    }
+
+    fn sge(&self, i: usize, len: usize) -> Sge {
+        self.mr
+            .sge(self.bufs[i].offset as u64, u32::try_from(len).unwrap_or(u32::MAX))
+    }
+
+    /// Buffer `i`'s first `len` bytes.
+    ///
+    /// # Safety
+    /// No work request may be writing buffer `i` (its receive completed, or
+    /// it is not posted).
+    unsafe fn bytes(&self, i: usize, len: usize) -> &[u8] {
+        debug_assert!(len <= self.bufs[i].len);
+        // SAFETY: in bounds of a live buffer of `self.pool`; exclusivity is
+        // the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.bufs[i].ptr.as_ptr(), len) }
+    }
+
+    /// Buffer `i`'s first `len` bytes, writable.
+    ///
+    /// # Safety
+    /// No work request may be reading or writing buffer `i`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, i: usize, len: usize) -> &mut [u8] {
+        debug_assert!(len <= self.bufs[i].len);
+        // SAFETY: as in `bytes`.
+        unsafe { std::slice::from_raw_parts_mut(self.bufs[i].ptr.as_ptr(), len) }
+    }
+}
+
+/// A flag on a cache line of its own: the echo thread polls it in its loop.
+#[repr(align(128))]
+struct StopFlag(AtomicBool);
+
+/// The in-process raw echo peer: one thread, pinned to the first server
+/// core, accepting `connections` connections then echoing until stopped.
+pub struct RawEchoServer {
+    addr: SocketAddr,
+    stop: Arc<StopFlag>,
+    thread: Option<JoinHandle<Result<u64, BenchError>>>,
+}
+
+impl RawEchoServer {
+    /// Listens on `listen` and starts the echo thread.
+    pub fn start<P: Provider>(
+        provider: Arc<P>,
+        listen: SocketAddr,
+        core: Option<usize>,
+        connections: usize,
+        queue_depth: u32,
+        size: usize,
+        retained: &Retained,
+    ) -> Result<Self, BenchError> {
+        let per_conn = echo_receives(queue_depth);
+        let bufs = Buffers::new(
+            &*provider,
+            size,
+            per_conn * connections as u32,
+            retained,
+            "raw echo: registered memory",
+        )?;
+        let listener = provider
+            .listen(listen)
+            .map_err(|e| BenchError::failed(format!("raw echo: listening on {listen}"), e))?;
+        let addr = listener.local_addr();
+        let cq = provider
+            .create_cq((2 * per_conn + 8) * connections as u32)
+            .map_err(|e| BenchError::failed("raw echo: completion queue", e))?;
+        let stop = Arc::new(StopFlag(AtomicBool::new(false)));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("bench-raw-echo".into())
+            .spawn(move || {
+                if let Some(c) = core {
+                    baseline::pin(c);
+                }
+                let _provider = provider;
+                echo::<P>(listener, cq, bufs, connections, per_conn, &stop2)
+            })
+            .map_err(|e| BenchError::failed("raw echo: starting its thread", e))?;
+        Ok(RawEchoServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the thread; returns how many messages it echoed.
+    pub fn stop(mut self) -> Result<u64, BenchError> {
+        self.stop.0.store(true, Ordering::Relaxed);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(BenchError::failed("raw echo", "its thread panicked")),
+            None => Ok(0),
+        }
+    }
+}
+
+impl Drop for RawEchoServer {
+    fn drop(&mut self) {
+        self.stop.0.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn echo<P: Provider>(
+    mut listener: P::Listener,
+    mut cq: P::Cq,
+    bufs: Buffers,
+    connections: usize,
+    per_conn: u32,
+    stop: &StopFlag,
+) -> Result<u64, BenchError> {
+    let per_conn = per_conn as usize;
+    let mut qps: Vec<P::Qp> = Vec::with_capacity(connections);
+    let mut recvs: Vec<RecvWr> = Vec::with_capacity(per_conn);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while qps.len() < connections {
+        if stop.0.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::failed(
+                "raw echo",
+                format!("{} of {connections} connections arrived in 30 s", qps.len()),
+            ));
+        }
+        let req = listener
+            .accept_request(Duration::from_millis(50))
+            .map_err(|e| BenchError::failed("raw echo: accepting", e))?;
+        let Some(req) = req else { continue };
+        let c = qps.len();
+        recvs.clear();
+        recvs.extend((0..per_conn).map(|k| {
+            let i = c * per_conn + k;
+            RecvWr {
+                wr_id: RECV_BIT | i as u64,
+                sge: bufs.sge(i, bufs.bufs[i].len),
+            }
+        }));
+        let qp = req
+            .accept_with_receives(&cq.handle(), caps(per_conn as u32), &[], &recvs)
+            .map_err(|e| BenchError::failed(format!("raw echo: accepting connection {c}"), e))?;
+        qps.push(qp);
+    }
+    let mut dead = vec![false; connections];
+    let mut wcs = [Completion::EMPTY; 32];
+    let mut echoed = 0u64;
+    while !stop.0.load(Ordering::Relaxed) {
+        let n = cq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            let i = (wc.wr_id & !RECV_BIT) as usize;
+            let c = i / per_conn;
+            if c >= connections || dead[c] {
+                continue;
+            }
+            if wc.status != WcStatus::Success {
+                // The client went away (its disconnect flushes our
+                // receives) or broke the connection: that one ends here;
+                // the client side reports what it saw.
+                dead[c] = true;
+                continue;
+            }
+            let r = match wc.opcode {
+                WcOpcode::Recv => {
+                    let sges = [bufs.sge(i, wc.byte_len as usize)];
+                    echoed += 1;
+                    qps[c].post_send(&[SendWr {
+                        wr_id: i as u64,
+                        op: SendOp::Send {
+                            sges: &sges,
+                            invalidate: None,
+                        },
+                        signaled: true,
+                    }])
+                }
+                WcOpcode::Send => qps[c].post_recv(&[RecvWr {
+                    wr_id: RECV_BIT | i as u64,
+                    sge: bufs.sge(i, bufs.bufs[i].len),
+                }]),
+                _ => Ok(()),
+            };
+            if r.is_err() {
+                dead[c] = true;
+            }
+        }
+    }
+    for qp in &mut qps {
+        qp.disconnect();
+    }
+    drop(bufs);
+    Ok(echoed)
+}
+
+/// Raw Send/Recv round trips against a [`RawEchoServer`].
+pub struct RawSendWorkload<'a, P: Provider> {
+    provider: Arc<P>,
+    addr: SocketAddr,
+    size: usize,
+    queue_depth: u32,
+    verify: bool,
+    retained: &'a Retained,
+}
+
+impl<'a, P: Provider> RawSendWorkload<'a, P> {
+    /// Round trips of `size` bytes, `queue_depth` outstanding per
+    /// connection, against the echo peer at `addr`.
+    pub fn new(
+        provider: Arc<P>,
+        addr: SocketAddr,
+        size: usize,
+        queue_depth: u32,
+        verify: bool,
+        retained: &'a Retained,
+    ) -> Self {
+        RawSendWorkload {
+            provider,
+            addr,
+            size,
+            queue_depth,
+            verify,
+            retained,
+        }
+    }
+}
+
+impl<P: Provider> Workload for RawSendWorkload<'_, P> {
+    type Session = RawSession<P>;
+
+    fn name(&self) -> &'static str {
+        "raw-send"
+    }
+
+    fn bytes_per_op(&self) -> u64 {
+        self.size as u64
+    }
+
+    fn open(&self, index: usize) -> Result<RawSession<P>, BenchError> {
+        let qd = self.queue_depth as usize;
+        let nrecv = qd + 1;
+        let what = format!("connection {index}");
+        let bufs = Buffers::new(
+            &*self.provider,
+            self.size,
+            (qd + nrecv) as u32,
+            self.retained,
+            &what,
+        )?;
+        let caps = caps(nrecv as u32);
+        let cq = self
+            .provider
+            .create_cq(caps.max_send_wr + caps.max_recv_wr)
+            .map_err(|e| BenchError::failed(what.clone(), e))?;
+        let (mut qp, _) = self
+            .provider
+            .connect(
+                self.addr,
+                &cq.handle(),
+                caps,
+                &[],
+                CONNECT_TIMEOUT,
+            )
+            .map_err(|e| BenchError::failed(format!("{what}: connecting to the raw echo peer"), e))?;
+        let recv_wrs: Box<[RecvWr]> = (0..nrecv)
+            .map(|k| RecvWr {
+                wr_id: RECV_BIT | (qd + k) as u64,
+                sge: bufs.sge(qd + k, bufs.bufs[qd + k].len),
+            })
+            .collect();
+        qp.post_recv(&recv_wrs)
+            .map_err(|e| BenchError::failed(format!("{what}: posting receives"), e))?;
+        for slot in 0..qd {
+            // SAFETY: no work request uses the send buffers yet.
+            pattern::fill(unsafe { bufs.bytes_mut(slot, self.size) }, u64::MAX >> 8);
+        }
+        Ok(RawSession {
+            cq,
+            qp,
+            bufs,
+            recv_wrs,
+            state: vec![0; qd].into_boxed_slice(),
+            ok: vec![true; qd].into_boxed_slice(),
+            fifo: Fifo::with_capacity(qd),
+            wcs: [Completion::EMPTY; 32],
+            size: self.size,
+            verify: self.verify,
+            index,
+        })
+    }
+}
+
+/// Slot state bits: its Send completed, its echo arrived.
+const SENT: u8 = 1;
+const ECHOED: u8 = 2;
+
+/// One raw connection: slots `0..qd` are the send buffers, the rest
+/// receive buffers.
+pub struct RawSession<P: Provider> {
+    cq: P::Cq,
+    qp: P::Qp,
+    bufs: Buffers,
+    recv_wrs: Box<[RecvWr]>,
+    state: Box<[u8]>,
+    ok: Box<[bool]>,
+    fifo: Fifo,
+    wcs: [Completion; 32],
+    size: usize,
+    verify: bool,
+    index: usize,
+}
+
+impl<P: Provider> RawSession<P> {
+    fn fail(&self, detail: impl std::fmt::Display) -> BenchError {
+        BenchError::failed(format!("connection {}", self.index), detail)
+    }
+}
+
+impl<P: Provider> Session for RawSession<P> {
+    fn start(&mut self, slot: u32, seq: u64) -> Result<(), BenchError> {
+        let s = slot as usize;
+        if self.verify {
+            // SAFETY: the slot is free: its previous Send completed.
+            pattern::fill(unsafe { self.bufs.bytes_mut(s, self.size) }, seq);
+        }
+        let sges = [self.bufs.sge(s, self.size)];
+        self.state[s] = 0;
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: slot as u64,
+                op: SendOp::Send {
+                    sges: &sges,
+                    invalidate: None,
+                },
+                signaled: true,
+            }])
+            .map_err(|e| self.fail(format!("posting a Send: {e}")))?;
+        if !self.fifo.push(slot, seq) {
+            return Err(self.fail("more operations started than the queue depth"));
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Outcome)) -> Result<bool, BenchError> {
+        let n = self.cq.poll(&mut self.wcs);
+        for k in 0..n {
+            let wc = self.wcs[k];
+            if wc.status != WcStatus::Success {
+                return Err(self.fail(format!(
+                    "work request {:#x} ({:?}) completed with {:?}: the raw echo peer is gone",
+                    wc.wr_id, wc.opcode, wc.status
+                )));
+            }
+            let slot = match wc.opcode {
+                WcOpcode::Send => wc.wr_id as usize,
+                WcOpcode::Recv => {
+                    let i = (wc.wr_id & !RECV_BIT) as usize;
+                    let Some((slot, seq)) = self.fifo.pop() else {
+                        return Err(self.fail("an echo arrived with no operation in flight"));
+                    };
+                    let s = slot as usize;
+                    let len = wc.byte_len as usize;
+                    // SAFETY: the receive completed: the buffer is ours
+                    // until reposted below.
+                    let ok = len == self.size
+                        && (!self.verify || pattern::check(unsafe { self.bufs.bytes(i, len) }, seq));
+                    self.ok[s] = ok;
+                    let r = i - self.ok.len();
+                    self.qp
+                        .post_recv(&self.recv_wrs[r..=r])
+                        .map_err(|e| self.fail(format!("reposting a receive: {e}")))?;
+                    self.state[s] |= ECHOED;
+                    s
+                }
+                _ => continue,
+            };
+            let Some(st) = self.state.get_mut(slot) else {
+                return Err(self.fail(format!("completion of unknown work request {:#x}", wc.wr_id)));
+            };
+            if wc.opcode == WcOpcode::Send {
+                *st |= SENT;
+            }
+            if *st == SENT | ECHOED {
+                *st = 0;
+                done(Outcome {
+                    slot: slot as u32,
+                    ok: self.ok[slot],
+                });
+            }
+        }
+        Ok(n > 0)
+    }
+
+    fn close(mut self) {
+        self.qp.disconnect();
+    }
+}
