@@ -20,11 +20,59 @@ use smbdirect_protocol::smb2::{
     ShareType, FSCTL_QUERY_NETWORK_INTERFACE_INFO,
 };
 use smbdirect_protocol::smbd::SmbdConfig;
+use smbdirect_protocol::sqos::client::{LogicalFlow, PolicyParams};
+use smbdirect_protocol::sqos::{Dialect as QosDialect, FlowStatus, Guid};
+use smbdirect_protocol::time::Duration as PDuration;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 const QD: usize = 32;
 const IO: usize = 4096;
+
+/// Counts the heap allocations of the threads that ask for it (the
+/// steady-state test below).
+struct CountingAlloc;
+
+std::thread_local! {
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn note_allocation() {
+    if COUNTING.try_with(|c| c.get()).unwrap_or(false) {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+    }
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// Runs `f` and returns the heap allocations this thread made meanwhile.
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(|n| n.get())
+}
 
 fn cfg() -> SmbdConfig {
     SmbdConfig {
@@ -613,6 +661,141 @@ fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
             CreateOptions::NON_DIRECTORY_FILE
         )
         .is_err());
+    env.done(c);
+    env.stop();
+}
+
+#[test]
+fn storage_qos_helpers_set_update_and_get_status_in_both_sqos_dialects() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let mut c = env.session(Dialect::SMB_3_1_1);
+    for (i, dialect) in [QosDialect::V1_0, QosDialect::V1_1].into_iter().enumerate() {
+        let fid = create(&mut c, &format!("qos{i}.bin"));
+        let flow_id = Guid::from_bytes([0x40 + i as u8; 16]);
+        let mut flow = LogicalFlow::new(flow_id, dialect);
+        let policy = PolicyParams {
+            limit: 3000,
+            ..PolicyParams::default()
+        };
+        let now = c.now();
+        let r = c
+            .qos_set_policy(fid, &mut flow, policy, now)
+            .expect("SET_POLICY")
+            .expect("its GET_STATUS response");
+        assert_eq!(r.dialect, dialect);
+        assert_eq!(r.logical_flow_id, flow_id);
+        assert_eq!(r.maximum_io_rate, 3000);
+        assert!(flow.is_associated());
+        assert_eq!(flow.maximum_io_rate(), 3000);
+
+        c.write(fid, 0, &pattern(8192, 5), Transfer::Inline)
+            .unwrap();
+        flow.record_io(
+            8192,
+            PDuration::from_micros(100),
+            PDuration::from_micros(80),
+        );
+        let now = c.now();
+        c.qos_update_counters(fid, &mut flow, now)
+            .expect("UPDATE_COUNTERS");
+        assert_eq!(flow.io_count_increment(), 0, "counters were sent");
+        let now = c.now();
+        let st = c.qos_get_status(fid, &mut flow, now).expect("GET_STATUS");
+        assert_eq!(st.dialect, dialect);
+        assert_eq!(st.maximum_io_rate, 3000);
+        assert_eq!(st.status, FlowStatus::Ok);
+        assert_eq!(flow.last_status(), Some(FlowStatus::Ok));
+        assert!(flow.poll_timeout().is_some(), "the status timer runs");
+        c.close(fid).unwrap();
+    }
+    env.done(c);
+    env.stop();
+}
+
+#[test]
+fn steady_state_pipelined_io_does_not_allocate_in_the_client() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let mut c = env.session(Dialect::SMB_3_1_1);
+    let fid = create(&mut c, "steady.bin");
+    const BLOCKS: usize = 64;
+    let file = pattern(BLOCKS * IO, 5);
+    let t = Transfer::Rdma {
+        descriptors: 2,
+        invalidate: true,
+    };
+    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
+    let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    // Request k: block (k * 7) % BLOCKS, by kind k % 3: inline READ, RDMA
+    // READ with invalidation, RDMA WRITE (of the same bytes) through 2
+    // descriptors.
+    let mut inflight: Vec<(MessageId, usize)> = Vec::with_capacity(QD);
+    let mut run = |c: &mut Smb2Client<SoftProvider>, total: usize| {
+        let submit = |c: &mut Smb2Client<SoftProvider>, k: usize, b: IoBuf| {
+            let block = (k * 7) % BLOCKS;
+            let off = block * IO;
+            match k % 3 {
+                0 => c.submit_read(fid, off as u64, IO as u32, b, Transfer::Inline),
+                1 => c.submit_read(
+                    fid,
+                    off as u64,
+                    IO as u32,
+                    b,
+                    Transfer::Rdma {
+                        descriptors: 1,
+                        invalidate: true,
+                    },
+                ),
+                _ => {
+                    c.io_buf_mut(b)
+                        .unwrap()
+                        .copy_from_slice(&file[off..off + IO]);
+                    c.submit_write(
+                        fid,
+                        off as u64,
+                        IO as u32,
+                        b,
+                        Transfer::Rdma {
+                            descriptors: 2,
+                            invalidate: false,
+                        },
+                    )
+                }
+            }
+        };
+        let mut next = 0;
+        for &b in &bufs {
+            inflight.push((submit(c, next, b).expect("submit"), next));
+            next += 1;
+        }
+        while !inflight.is_empty() {
+            let comp = c
+                .poll(Duration::from_secs(10))
+                .expect("poll")
+                .expect("a completion");
+            let i = inflight
+                .iter()
+                .position(|(id, _)| *id == comp.id)
+                .expect("submitted");
+            let (_, k) = inflight.swap_remove(i);
+            assert_eq!(comp.result.as_ref().ok(), Some(&(IO as u32)));
+            let b = comp.buf.expect("buffer");
+            if k % 3 != 2 {
+                let off = ((k * 7) % BLOCKS) * IO;
+                assert!(c.io_buf(b).unwrap() == &file[off..off + IO], "read {k}");
+            }
+            if next < total {
+                inflight.push((submit(c, next, b).expect("submit"), next));
+                next += 1;
+            }
+        }
+    };
+    run(&mut c, 4 * QD);
+    let n = allocations_in(|| run(&mut c, 32 * QD));
+    assert_eq!(n, 0, "the client allocated {n} times in steady state");
+    let st = c.stats();
+    assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");
     env.done(c);
     env.stop();
 }

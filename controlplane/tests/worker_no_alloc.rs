@@ -54,6 +54,8 @@ static WORKER_ALLOCS: AtomicU64 = AtomicU64::new(0);
 /// While set, the first worker allocation captures a backtrace.
 static ARMED: AtomicBool = AtomicBool::new(false);
 static FIRST_WORKER_ALLOC: Mutex<Option<Backtrace>> = Mutex::new(None);
+/// The counter is process-wide: tests that run servers take turns.
+static SERVERS: Mutex<()> = Mutex::new(());
 
 thread_local! {
     /// What this thread is (const-initialised, no destructor: reading it
@@ -298,6 +300,7 @@ fn round_trips(client: &mut Client<SoftProvider>, msgs: &[Vec<u8>], rdma: &mut R
 
 #[test]
 fn worker_poll_loop_does_not_allocate_once_warmed_up() {
+    let _one_at_a_time = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
     const WARMUP: usize = 2_000;
     const MEASURED: usize = 6_000;
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
@@ -394,6 +397,7 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
 
 #[test]
 fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
+    let _one_at_a_time = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
     use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
     use smbdirect_dataplane::smb2::store::{MemStoreFactory, StoreFactory};
     use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};

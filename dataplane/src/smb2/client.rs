@@ -426,6 +426,11 @@ pub struct Smb2ClientOptions {
     pub caps: Option<QpCaps>,
     /// Server name in tree-connect paths (`None`: the address's IP).
     pub server_name: Option<String>,
+    /// How long a waiting loop ([`Smb2Client::poll`], synchronous calls)
+    /// sleeps after 64 polls in a row found nothing (`None`: it yields the
+    /// core and spins on). Parking frees the core for the server or other
+    /// clients when cores are shared, at some latency when idle.
+    pub idle_park: Option<Duration>,
 }
 
 impl Default for Smb2ClientOptions {
@@ -437,6 +442,7 @@ impl Default for Smb2ClientOptions {
             max_outstanding: 256,
             caps: None,
             server_name: None,
+            idle_park: Some(Duration::from_micros(50)),
         }
     }
 }
@@ -1493,13 +1499,18 @@ impl<P: Provider> Smb2Client<P> {
         });
     }
 
-    fn idle(spins: &mut u32, progress: bool) {
+    /// Between polls of a waiting loop: after [`IDLE_SPINS`] polls that
+    /// found nothing, park for [`Smb2ClientOptions::idle_park`] (or yield).
+    fn idle(&self, spins: &mut u32, progress: bool) {
         if progress {
             *spins = 0;
-        } else {
-            *spins += 1;
-            if *spins % IDLE_SPINS == 0 {
-                std::thread::yield_now();
+            return;
+        }
+        *spins += 1;
+        if *spins % IDLE_SPINS == 0 {
+            match self.opts.idle_park {
+                Some(d) if !d.is_zero() => std::thread::sleep(d),
+                _ => std::thread::yield_now(),
             }
         }
     }
@@ -1529,7 +1540,7 @@ impl<P: Provider> Smb2Client<P> {
                 self.finish();
                 return Ok(self.st.ready.pop_front().map(|d| d.completion));
             }
-            Self::idle(&mut spins, progress);
+            self.idle(&mut spins, progress);
         }
     }
 
@@ -1566,7 +1577,7 @@ impl<P: Provider> Smb2Client<P> {
                 )));
             }
             let progress = self.step_raw().unwrap_or(true);
-            Self::idle(&mut spins, progress);
+            self.idle(&mut spins, progress);
         }
     }
 
@@ -1592,7 +1603,7 @@ impl<P: Provider> Smb2Client<P> {
             if !self.st.pending.is_empty() && Instant::now() < deadline {
                 let progress = self.step_raw().unwrap_or(true);
                 self.finish();
-                Self::idle(&mut spins, progress);
+                self.idle(&mut spins, progress);
                 continue;
             }
             // Nothing outstanding brings credits back: an ECHO asks for
