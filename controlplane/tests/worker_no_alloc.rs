@@ -446,7 +446,10 @@ fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
     let plain = open(&mut c, "plain.bin");
     let limited = open(&mut c, "limited.bin");
     for f in [plain, limited] {
-        let t = Transfer::Rdma { descriptors: 1, invalidate: false };
+        let t = Transfer::Rdma {
+            descriptors: 1,
+            invalidate: false,
+        };
         c.write(f, 0, &vec![7u8; 1 << 16], t).unwrap();
     }
     // A flow of 2,000 normalized IOPS: faster than that, requests wait in
@@ -464,9 +467,33 @@ fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
 
     let kinds = [
         (plain, 4096u32, Transfer::Inline, false),
-        (plain, 4096, Transfer::Rdma { descriptors: 1, invalidate: false }, true),
-        (plain, 65536, Transfer::Rdma { descriptors: 2, invalidate: true }, false),
-        (limited, 8192, Transfer::Rdma { descriptors: 1, invalidate: true }, false),
+        (
+            plain,
+            4096,
+            Transfer::Rdma {
+                descriptors: 1,
+                invalidate: false,
+            },
+            true,
+        ),
+        (
+            plain,
+            65536,
+            Transfer::Rdma {
+                descriptors: 2,
+                invalidate: true,
+            },
+            false,
+        ),
+        (
+            limited,
+            8192,
+            Transfer::Rdma {
+                descriptors: 1,
+                invalidate: true,
+            },
+            false,
+        ),
         (limited, 4096, Transfer::Inline, true),
     ];
     let mut bufs = Vec::new();
