@@ -167,7 +167,10 @@ struct ServeArgs {
     /// Directory store: use O_DIRECT for aligned I/O.
     #[arg(long)]
     store_direct: bool,
-    /// The share's name (clients connect to \\SERVER\NAME).
+    /// The share's name (clients connect to \\SERVER\NAME), optionally with
+    /// a default Storage QoS policy: `NAME:policy=GUID` makes every file
+    /// Open on the share a flow under that policy (for clients that send no
+    /// FSCTL_STORAGE_QOS_CONTROL, such as Linux cifs).
     #[arg(long, default_value = "data")]
     share: String,
     /// Storage QoS policies (TOML, see docs/qos.md); `smbdirectd qos policy
@@ -196,6 +199,29 @@ struct ServeArgs {
     /// Log verbosity: error, warn, info.
     #[arg(long, default_value = "info")]
     log_level: String,
+}
+
+/// `NAME` or `NAME:policy=GUID`.
+fn parse_share(
+    arg: &str,
+) -> Result<(String, Option<smbdirect_protocol::sqos::Guid>), String> {
+    let (name, opts) = arg.split_once(':').unwrap_or((arg, ""));
+    if name.is_empty() || name.contains(['\\', '/']) || name.len() > 80 {
+        return Err(format!("'{name}' is not a plain share name"));
+    }
+    let mut policy = None;
+    for o in opts.split(',').filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("policy", g)) => {
+                policy = Some(
+                    g.parse()
+                        .map_err(|_| format!("policy '{g}' is not a GUID"))?,
+                )
+            }
+            _ => return Err(format!("unknown share option '{o}' (expected policy=GUID)")),
+        }
+    }
+    Ok((name.to_string(), policy))
 }
 
 fn usage_error(msg: impl std::fmt::Display) -> ExitCode {
@@ -276,11 +302,13 @@ fn serve(a: ServeArgs) -> ExitCode {
         }
         None => PolicyStore::new(),
     };
-    if a.share.is_empty() || a.share.contains(['\\', '/']) {
-        return usage_error("--share must be a plain name");
-    }
+    let (share_name, default_policy) = match parse_share(&a.share) {
+        Ok(v) => v,
+        Err(e) => return usage_error(format!("--share: {e}")),
+    };
     let smb2 = Smb2Config {
-        share: a.share.clone(),
+        share: share_name,
+        default_policy,
         ..Smb2Config::default()
     };
     let mut cfg = ServerConfig {

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 const GOLD: &str = "8d7f0c7e-2f9b-4c58-9a35-1d3c5e6f7a81";
 const SHARED: &str = "11111111-2222-3333-4444-555555555555";
 const OPEN_ENDED: &str = "22222222-3333-4444-5555-666666666666";
+const CAP_1000: &str = "44444444-5555-6666-7777-888888888888";
 
 fn cfg() -> SmbdConfig {
     SmbdConfig {
@@ -82,7 +83,8 @@ fn policy_file(port: u16) -> String {
         format!(
             "[[policy]]\nid = \"{GOLD}\"\nname = \"gold\"\ntype = \"dedicated\"\nmin_iops = 1000\n\
              [[policy]]\nid = \"{SHARED}\"\nname = \"shared\"\ntype = \"aggregated\"\nmax_iops = 4000\n\
-             [[policy]]\nid = \"{OPEN_ENDED}\"\nname = \"unlimited\"\ntype = \"dedicated\"\n"
+             [[policy]]\nid = \"{OPEN_ENDED}\"\nname = \"unlimited\"\ntype = \"dedicated\"\n\
+             [[policy]]\nid = \"{CAP_1000}\"\nname = \"cap1000\"\ntype = \"dedicated\"\nmax_iops = 1000\n"
         ),
     )
     .unwrap();
@@ -394,6 +396,39 @@ fn reservation_is_met_beside_a_greedy_flow_on_one_worker() {
     assert_eq!(st.minimum_io_rate, 1000);
     assert_eq!(st.status, FlowStatus::Ok);
     drop(r);
+    terminate(d);
+}
+
+#[test]
+fn share_default_policy_limits_clients_that_send_no_qos_ioctl() {
+    let _g = serial();
+    let share = format!("data:policy={CAP_1000}");
+    let (d, port, _) = start(&["--share", &share]);
+    let provider = SoftProvider::new().unwrap();
+    let mut s = session(&provider, port);
+    // No FSCTL_STORAGE_QOS_CONTROL: the Open becomes a flow by itself.
+    let f = file(&mut s, "default.bin", 1 << 20);
+    let secs = 3;
+    let (n, _) = drive(&mut s, f, 8192, 16, Duration::from_secs(secs));
+    assert!(
+        n as f64 <= 1000.0 * secs as f64 * 1.03,
+        "{n} reads in {secs} s exceed the share's 1,000 IOPS + 3 %"
+    );
+    assert!(n >= 250 * secs, "only {n} reads");
+    let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["qos", "flows", "--json", "--admin-socket", &d.admin])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("smbdirectd default policy"), "{text}");
+    assert!(
+        text.contains(CAP_1000) && text.contains("\"limit_iops\":1000"),
+        "{text}"
+    );
+    s.c.close(f).unwrap();
+    let doc = stats_json(&d);
+    assert_eq!(field(&doc, "qos_opens"), 0, "{doc}");
+    drop(s);
     terminate(d);
 }
 

@@ -60,6 +60,8 @@ pub struct QosEngine {
     dirty: bool,
     /// The latest allocation.
     last_alloc: Vec<(usize, QosFlowAssign)>,
+    /// Flows created for shares' default policies.
+    flow_seq: u64,
 }
 
 impl QosEngine {
@@ -84,6 +86,7 @@ impl QosEngine {
             last_tick: Instant::now(),
             dirty: false,
             last_alloc: Vec::new(),
+            flow_seq: 0,
         }
     }
 
@@ -206,6 +209,51 @@ impl QosEngine {
             },
             others,
         )
+    }
+
+    /// A file Open on a share with a default policy: it becomes a new
+    /// logical flow under `policy`, exactly as if the client had sent
+    /// SET_LOGICAL_FLOW_ID | SET_POLICY (InitiatorName "smbdirectd default
+    /// policy", InitiatorNodeName the client's address). The reply carries
+    /// no IOCTL answer (token 0).
+    pub fn default_flow(
+        &mut self,
+        worker: usize,
+        conn: ConnId,
+        open: u64,
+        policy: Guid,
+        peer: &str,
+    ) -> (UpperControl, Vec<(usize, UpperControl)>) {
+        use smbdirect_protocol::sqos::{Dialect, Options, StorageQosControlRequestRepr, Utf16Name};
+        self.flow_seq += 1;
+        let nanos = self.origin.elapsed().as_nanos() as u64;
+        let id = Guid::from_fields(
+            (nanos as u32) ^ 0x5db0_0000,
+            (self.flow_seq >> 16) as u16,
+            self.flow_seq as u16,
+            (conn ^ (open << 20) ^ nanos.rotate_left(29)).to_le_bytes(),
+        );
+        let mut r = StorageQosControlRequestRepr::new(
+            Dialect::V1_1,
+            Options::from_bits(Options::SET_LOGICAL_FLOW_ID.bits() | Options::SET_POLICY.bits()),
+            id,
+        );
+        r.policy_id = policy;
+        r.initiator_id = Guid::from_fields(0x5db0_d00d, 0, 0, conn.to_le_bytes());
+        r.initiator_name = Utf16Name::new("smbdirectd default policy").unwrap_or(Utf16Name::EMPTY);
+        let node: String = peer.chars().take(100).collect();
+        r.initiator_node_name = Utf16Name::new(&node).unwrap_or(Utf16Name::EMPTY);
+        let bytes = r.to_vec();
+        let (mut reply, others) = self.request(worker, conn, 0, open, true, &bytes, 4096);
+        if let UpperControl::QosReply { result, .. } = &mut reply {
+            if let Err(st) = result {
+                crate::warn!(
+                    "conn {conn}: the share's default Storage QoS policy {policy} could not be applied to a new Open: {st}"
+                );
+            }
+            *result = Ok(None);
+        }
+        (reply, others)
     }
 
     /// An Open named by a QoS request closed ([MS-SQOS] 3.2.1.2: it no

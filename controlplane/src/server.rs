@@ -562,6 +562,12 @@ fn service_workers<P: Provider>(
                     side.backlog.push_back(ToWorker::Upper(reply));
                     extra.extend(others.into_iter().map(|(w, m)| (w, ToWorker::Upper(m))));
                 }
+                FromWorker::Upper(UpperEvent::QosDefaultFlow { conn, open, policy }) => {
+                    let peer = conns.get(&conn).map(|c| c.peer.to_string()).unwrap_or_default();
+                    let (reply, others) = qos.default_flow(wi, conn, open, policy, &peer);
+                    side.backlog.push_back(ToWorker::Upper(reply));
+                    extra.extend(others.into_iter().map(|(w, m)| (w, ToWorker::Upper(m))));
+                }
                 FromWorker::Upper(UpperEvent::OpenClosed { conn, open }) => {
                     qos.open_closed(conn, open);
                 }

@@ -96,6 +96,17 @@ pub enum UpperEvent {
         /// The IOCTL's MaxOutputResponse.
         max_output: u32,
     },
+    /// A file was opened on a share with a default Storage QoS policy: the
+    /// Open becomes a flow under that policy (clients that send no
+    /// FSCTL_STORAGE_QOS_CONTROL, such as Linux cifs, are limited too).
+    QosDefaultFlow {
+        /// Connection.
+        conn: ConnId,
+        /// The Open (persistent FileId).
+        open: u64,
+        /// The share's policy.
+        policy: smbdirect_protocol::sqos::Guid,
+    },
     /// An Open that was named by a QoS request closed.
     OpenClosed {
         /// Connection.

@@ -82,6 +82,9 @@ pub struct Smb2Config {
     pub qos_max_flows: usize,
     /// Storage QoS: requests that may wait in each worker's queue.
     pub qos_max_queued: usize,
+    /// The share's default Storage QoS policy: every file Open on it becomes
+    /// a logical flow under this PolicyID (`--share NAME:policy=GUID`).
+    pub default_policy: Option<smbdirect_protocol::sqos::Guid>,
 }
 
 impl Default for Smb2Config {
@@ -90,6 +93,7 @@ impl Default for Smb2Config {
             share: DEFAULT_SHARE.to_string(),
             qos_max_flows: 4096,
             qos_max_queued: 8192,
+            default_policy: None,
         }
     }
 }
@@ -1065,6 +1069,17 @@ impl Core {
                     persistent: id,
                     volatile: id,
                 };
+                let default_flow = match self.cfg.default_policy {
+                    Some(policy) if !info.is_dir => {
+                        self.events.push_back(UpperEvent::QosDefaultFlow {
+                            conn: ex.conn,
+                            open: id,
+                            policy,
+                        });
+                        true
+                    }
+                    _ => false,
+                };
                 c.opens.insert(
                     id,
                     Open {
@@ -1072,7 +1087,7 @@ impl Core {
                         handle,
                         is_dir: info.is_dir,
                         flow: None,
-                        qos_named: false,
+                        qos_named: default_flow,
                     },
                 );
                 self.opens += 1;
