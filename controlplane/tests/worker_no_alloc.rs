@@ -501,7 +501,7 @@ fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
         // Buffers move between request kinds: all of the largest size.
         bufs.push(c.alloc_io_buf(65536).unwrap());
     }
-    let mut run = |c: &mut Smb2Client<SoftProvider>, rounds: usize| {
+    let run = |c: &mut Smb2Client<SoftProvider>, rounds: usize| {
         let mut issued = 0usize;
         let mut done = 0usize;
         let submit = |c: &mut Smb2Client<SoftProvider>, k: usize, b| {
