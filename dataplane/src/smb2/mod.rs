@@ -53,6 +53,9 @@ pub const MAX_CREDITS: u32 = 512;
 pub const SEQ_WINDOW: u64 = 4096;
 /// TreeId of the share.
 pub const SHARE_TREE_ID: u32 = 1;
+/// TreeId of IPC$ (the inter-process share clients connect to for
+/// FSCTLs such as QUERY_NETWORK_INTERFACE_INFO, [MS-SMB2] 3.3.5.7).
+pub const IPC_TREE_ID: u32 = 2;
 /// Default share name (`--share`).
 pub const DEFAULT_SHARE: &str = "data";
 /// Largest inline READ/WRITE payload (a response must fit one reassembled
@@ -179,7 +182,8 @@ impl SeqWindow {
 struct Conn {
     dialect: Option<Dialect>,
     session: Option<u64>,
-    tree: Option<u32>,
+    /// Trees connected: bit 0 the share, bit 1 IPC$.
+    trees: u8,
     opens: HashMap<u64, Open>,
     outstanding: u32,
     seq: SeqWindow,
@@ -187,11 +191,19 @@ struct Conn {
 }
 
 impl Conn {
+    fn tree_connected(&self, tree: u32) -> bool {
+        match tree {
+            SHARE_TREE_ID => self.trees & 1 != 0,
+            IPC_TREE_ID => self.trees & 2 != 0,
+            _ => false,
+        }
+    }
+
     fn new() -> Self {
         Conn {
             dialect: None,
             session: None,
-            tree: None,
+            trees: 0,
             opens: HashMap::new(),
             outstanding: 1,
             seq: SeqWindow::new(),
@@ -972,8 +984,17 @@ impl Core {
         }
         let needs_tree =
             needs_session && !matches!(body, RequestBody::Logoff(_) | RequestBody::TreeConnect(_));
-        if needs_tree && c.tree != Some(tree) {
+        if needs_tree && !c.tree_connected(tree) {
             return Err(STATUS_NETWORK_NAME_DELETED);
+        }
+        // IPC$ serves no files: only tree-level FSCTLs, ECHO and the like.
+        if tree == IPC_TREE_ID
+            && matches!(
+                body,
+                RequestBody::Create(_) | RequestBody::Read(_) | RequestBody::Write(_)
+            )
+        {
+            return Err(STATUS_OBJECT_NAME_NOT_FOUND);
         }
         let tag = ex.token;
         match body {
@@ -1007,7 +1028,7 @@ impl Core {
             }
             RequestBody::Logoff(_) => {
                 c.session = None;
-                c.tree = None;
+                c.trees = 0;
                 self.sessions = self.sessions.saturating_sub(1);
                 for (_, o) in c.opens.drain() {
                     self.close_open(ex.conn, o);
@@ -1018,24 +1039,30 @@ impl Core {
             RequestBody::TreeConnect(t) => {
                 let path = t.path.decode().map_err(|_| STATUS_INVALID_PARAMETER)?;
                 let share = path.rsplit('\\').next().unwrap_or("");
-                if !share.eq_ignore_ascii_case(&self.cfg.share) {
+                let (id, share_type) = if share.eq_ignore_ascii_case(&self.cfg.share) {
+                    (SHARE_TREE_ID, ShareType::DISK)
+                } else if share.eq_ignore_ascii_case("IPC$") {
+                    (IPC_TREE_ID, ShareType::PIPE)
+                } else {
                     return Err(STATUS_BAD_NETWORK_NAME);
-                }
-                c.tree = Some(SHARE_TREE_ID);
-                ex.chain.tree = SHARE_TREE_ID;
+                };
+                c.trees |= if id == SHARE_TREE_ID { 1 } else { 2 };
+                ex.chain.tree = id;
                 let r = TreeConnectResponseRepr {
-                    share_type: ShareType::DISK,
+                    share_type,
                     share_flags: ShareFlags::empty(),
                     capabilities: ShareCapabilities::empty(),
                     maximal_access: AccessMask::from_bits(FILE_ALL_ACCESS),
                 };
-                push(w, &ok(session, SHARE_TREE_ID), &r);
+                push(w, &ok(session, id), &r);
                 Ok(Step::Done)
             }
             RequestBody::TreeDisconnect(_) => {
-                c.tree = None;
-                for (_, o) in c.opens.drain() {
-                    self.close_open(ex.conn, o);
+                c.trees &= if tree == SHARE_TREE_ID { !1 } else { !2 };
+                if tree == SHARE_TREE_ID {
+                    for (_, o) in c.opens.drain() {
+                        self.close_open(ex.conn, o);
+                    }
                 }
                 push(w, &ok(session, tree), &TreeDisconnectResponseRepr);
                 Ok(Step::Done)
