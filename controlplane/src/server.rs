@@ -376,6 +376,10 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     let mut last_line = Instant::now();
     let mut prev = stats.totals();
     let mut last_counters = Instant::now();
+    // Counters are readable from the first stats request on.
+    if let Ok(mut pc) = stats.provider_counters.lock() {
+        *pc = provider.counters();
+    }
     while !shutdown.load(Ordering::Acquire) {
         match listener.accept_request(Duration::from_millis(2)) {
             Ok(Some(req)) => {

@@ -98,6 +98,9 @@ pub struct Client<P: Provider> {
     mr: MemoryRegion,
     origin: Instant,
     wcs: [Completion; 16],
+    /// Messages that arrived in the same batch as the one `recv_with`
+    /// returned (kept, in order, for the next call).
+    pending: std::collections::VecDeque<(Vec<u8>, Option<u32>)>,
 }
 
 impl<P: Provider> core::fmt::Debug for Client<P> {
@@ -142,6 +145,7 @@ impl<P: Provider> Client<P> {
         let mut ep = Endpoint::new(qp, conn, pool, mr);
         ep.set_send_depth(caps.max_send_wr.saturating_sub(GRANT_ROOM).max(1));
         let mut c = Client {
+            pending: std::collections::VecDeque::new(),
             cq,
             ep,
             alloc,
@@ -189,17 +193,34 @@ impl<P: Provider> Client<P> {
         &mut self,
         on_msg: &mut dyn FnMut(&[u8], Option<u32>),
     ) -> Result<bool, ClientError> {
-        let n = self.cq.poll(&mut self.wcs);
-        let now = self.now();
+        Self::step_into(
+            &mut self.cq,
+            &mut self.ep,
+            &mut self.alloc,
+            &mut self.wcs,
+            self.origin,
+            on_msg,
+        )
+    }
+
+    fn step_into(
+        cq: &mut P::Cq,
+        ep: &mut Endpoint<P::Qp>,
+        alloc: &mut SliceAllocator,
+        wcs: &mut [Completion; 16],
+        origin: Instant,
+        on_msg: &mut dyn FnMut(&[u8], Option<u32>),
+    ) -> Result<bool, ClientError> {
+        let n = cq.poll(wcs);
+        let now = PInstant::from_nanos(origin.elapsed().as_nanos() as u64);
         // Every polled completion is handled (each may return a buffer to
         // the pool); the first error is reported after the batch.
         let mut first_err = None;
-        for i in 0..n {
-            let wc = self.wcs[i];
-            match self.ep.on_completion(now, &wc, &mut self.alloc) {
+        for wc in wcs.iter().take(n) {
+            match ep.on_completion(now, wc, alloc) {
                 Ok(Some(Event::Message(d))) => {
-                    on_msg(self.ep.message(&d), d.invalidated_token);
-                    self.ep.release(d, &mut self.alloc);
+                    on_msg(ep.message(&d), d.invalidated_token);
+                    ep.release(d, alloc);
                 }
                 Ok(Some(Event::NegotiateRequest { .. })) | Ok(None) => {}
                 Err(e) => {
@@ -210,15 +231,10 @@ impl<P: Provider> Client<P> {
         if let Some(e) = first_err {
             return Err(e.into());
         }
-        if self
-            .ep
-            .connection()
-            .poll_timeout()
-            .is_some_and(|t| t <= now)
-        {
-            self.ep.on_timer(now)?;
+        if ep.connection().poll_timeout().is_some_and(|t| t <= now) {
+            ep.on_timer(now)?;
         }
-        self.ep.flush(now, &mut self.alloc)?;
+        ep.flush(now, alloc)?;
         Ok(n > 0)
     }
 
@@ -262,15 +278,26 @@ impl<P: Provider> Client<P> {
         timeout: Duration,
         f: impl FnOnce(&[u8], Option<u32>) -> R,
     ) -> Result<R, ClientError> {
+        if let Some((m, token)) = self.pending.pop_front() {
+            return Ok(f(&m, token));
+        }
         let deadline = Instant::now() + timeout;
         let mut f = Some(f);
         let mut out = None;
+        let pending = &mut self.pending;
         while out.is_none() {
-            self.step(&mut |m, token| {
-                if let Some(f) = f.take() {
-                    out = Some(f(m, token));
-                }
-            })?;
+            let mut on_msg = |m: &[u8], token: Option<u32>| match f.take() {
+                Some(f) => out = Some(f(m, token)),
+                None => pending.push_back((m.to_vec(), token)),
+            };
+            Self::step_into(
+                &mut self.cq,
+                &mut self.ep,
+                &mut self.alloc,
+                &mut self.wcs,
+                self.origin,
+                &mut on_msg,
+            )?;
             if out.is_none() && Instant::now() > deadline {
                 return Err(ClientError::Timeout("a message"));
             }

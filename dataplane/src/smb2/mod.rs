@@ -573,6 +573,13 @@ fn rdma_channel<'a>(
     if descs.is_empty() || descs.len() % 16 != 0 {
         return Err(STATUS_INVALID_PARAMETER);
     }
+    // The descriptors must describe the whole transfer the request names
+    // (READ Length, WRITE RemainingBytes), whatever the file's size: a
+    // shorter list is malformed even when less data would move.
+    let described: u64 = descs.chunks_exact(16).map(|d| u64::from(le32(d, 12))).sum();
+    if described < u64::from(len) {
+        return Err(STATUS_INVALID_PARAMETER);
+    }
     Ok(descs)
 }
 
