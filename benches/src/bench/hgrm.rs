@@ -105,7 +105,10 @@ mod tests {
         let rows: Vec<(f64, f64, u64)> = text.lines().filter_map(parse_line).collect();
         assert!(rows.len() > 20, "{text}");
         for w in rows.windows(2) {
-            assert!(w[0].0 <= w[1].0 && w[0].1 <= w[1].1 && w[0].2 <= w[1].2, "{w:?}");
+            assert!(
+                w[0].0 <= w[1].0 && w[0].1 <= w[1].1 && w[0].2 <= w[1].2,
+                "{w:?}"
+            );
         }
         let last = rows.last().expect("rows");
         assert_eq!(last.1, 1.0);

@@ -160,8 +160,8 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         })?;
         run_on(Arc::new(p), opts, &retained)
     } else {
-        let p = SoftProvider::new()
-            .map_err(|e| BenchError::failed("starting the soft provider", e))?;
+        let p =
+            SoftProvider::new().map_err(|e| BenchError::failed("starting the soft provider", e))?;
         run_on(Arc::new(p), opts, &retained)
     }
 }
@@ -236,25 +236,31 @@ fn run_on<P: Provider>(
     Ok(report(opts, name, m))
 }
 
+/// Renders one output file's contents.
+type Render = fn(&Report) -> String;
+
 /// The output files, created before the run so that a bad path fails
 /// early.
 struct Outputs {
-    files: Vec<(PathBuf, File, fn(&Report) -> String)>,
+    files: Vec<(PathBuf, File, Render)>,
 }
 
 impl Outputs {
     fn create(opts: &BenchOptions) -> Result<Self, BenchError> {
         let mut files = Vec::new();
-        let wanted: [(&Option<PathBuf>, &str, fn(&Report) -> String); 3] = [
+        let wanted: [(&Option<PathBuf>, &str, Render); 3] = [
             (&opts.json, "--json", |r| r.to_json()),
-            (&opts.hgrm, "--hgrm", |r| hgrm::percentile_distribution(&r.m.histogram)),
-            (&opts.plot, "--plot", |r| plot::svg(&r.m.histogram, &r.title())),
+            (&opts.hgrm, "--hgrm", |r| {
+                hgrm::percentile_distribution(&r.m.histogram)
+            }),
+            (&opts.plot, "--plot", |r| {
+                plot::svg(&r.m.histogram, &r.title())
+            }),
         ];
         for (path, flag, render) in wanted {
             if let Some(p) = path {
-                let f = File::create(p).map_err(|e| {
-                    BenchError::Usage(format!("{flag} {}: {e}", p.display()))
-                })?;
+                let f = File::create(p)
+                    .map_err(|e| BenchError::Usage(format!("{flag} {}: {e}", p.display())))?;
                 files.push((p.clone(), f, render));
             }
         }
@@ -291,6 +297,8 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         };
         return fail(&e, e.exit_code());
     }
+    // The loopback server's connection-closing lines are noise here.
+    smbdirect_controlplane::log::set_level(smbdirect_controlplane::log::Level::Warn);
     let outputs = match Outputs::create(&opts) {
         Ok(o) => o,
         Err(e) => return fail(&e, e.exit_code()),

@@ -32,14 +32,16 @@ pub enum WorkloadKind {
     /// The same round trip over the bare provider, without SMB Direct (the
     /// baseline; --loopback only: the echo peer is a thread of this process).
     RawSend,
-    /// SMB2 READ of --size through an RDMA channel (or --inline).
+    /// SMB2 READ of --size through an RDMA channel (or --inline); not
+    /// implemented yet.
     Read,
-    /// SMB2 WRITE of --size through an RDMA channel (or --inline).
+    /// SMB2 WRITE of --size through an RDMA channel (or --inline); not
+    /// implemented yet.
     Write,
-    /// READ and WRITE mixed by --read-pct.
+    /// READ and WRITE mixed by --read-pct; not implemented yet.
     Mixed,
     /// Storage QoS ([MS-SQOS]) flows: --flows, --limit, --reservation,
-    /// --bandwidth-limit, --policy-id, --ignore-limit.
+    /// --bandwidth-limit, --policy-id, --ignore-limit; not implemented yet.
     Qos,
     /// Two pinned threads bouncing one cache line (client core / server
     /// core): the hardware floor `raw-send` is compared with (--loopback
@@ -256,8 +258,14 @@ pub struct BenchOptions {
 fn seconds(name: &str, v: f64, allow_zero: bool) -> Result<Duration, BenchError> {
     let ok = v.is_finite() && v <= 86_400.0 && (v > 0.0 || (allow_zero && v == 0.0));
     if !ok {
-        let want = if allow_zero { "[0, 86400]" } else { "(0, 86400]" };
-        return Err(BenchError::Usage(format!("{name} {v}: want seconds in {want}")));
+        let want = if allow_zero {
+            "[0, 86400]"
+        } else {
+            "(0, 86400]"
+        };
+        return Err(BenchError::Usage(format!(
+            "{name} {v}: want seconds in {want}"
+        )));
     }
     Ok(Duration::from_secs_f64(v))
 }
@@ -318,7 +326,9 @@ impl BenchOptions {
             ));
         }
         if a.workload == WorkloadKind::Pingpong && a.queue_depth != 1 {
-            return usage("--workload pingpong bounces one cache line: --queue-depth must be 1".into());
+            return usage(
+                "--workload pingpong bounces one cache line: --queue-depth must be 1".into(),
+            );
         }
         let stop = match (a.duration, a.iterations) {
             (_, Some(0)) => return usage("--iterations must be at least 1".into()),
@@ -351,14 +361,14 @@ impl BenchOptions {
         }
         let bandwidth_limit = match &a.bandwidth_limit {
             Some(s) => Some(
-                parse_size(s)
-                    .map_err(|e| BenchError::Usage(format!("--bandwidth-limit: {e}")))?
+                parse_size(s).map_err(|e| BenchError::Usage(format!("--bandwidth-limit: {e}")))?
                     as u64,
             ),
             None => None,
         };
         let file_size = parse_size(&a.file_size)
-            .map_err(|e| BenchError::Usage(format!("--file-size: {e}")))? as u64;
+            .map_err(|e| BenchError::Usage(format!("--file-size: {e}")))?
+            as u64;
         if file_size < size as u64 {
             return usage(format!(
                 "--file-size {file_size} is smaller than --size {size}"
@@ -366,9 +376,7 @@ impl BenchOptions {
         }
         if let (Some(r), Some(l)) = (a.reservation, a.limit) {
             if r > l {
-                return usage(format!(
-                    "--reservation {r} is above --limit {l}"
-                ));
+                return usage(format!("--reservation {r} is above --limit {l}"));
             }
         }
         Ok(BenchOptions {
@@ -447,7 +455,9 @@ mod tests {
     fn iterations_and_duration_exclude_each_other() {
         assert!(parse(&["--loopback", "--iterations", "5", "--duration", "1"]).is_err());
         assert_eq!(
-            parse(&["--loopback", "--iterations", "5"]).expect("valid").stop,
+            parse(&["--loopback", "--iterations", "5"])
+                .expect("valid")
+                .stop,
             Stop::Iterations(5)
         );
     }

@@ -73,7 +73,9 @@ impl Workload for PingPongWorkload {
                     }
                 }
             })
-            .map_err(|e| BenchError::failed(format!("connection {index}: starting the responder"), e))?;
+            .map_err(|e| {
+                BenchError::failed(format!("connection {index}: starting the responder"), e)
+            })?;
         Ok(PingPongSession {
             shared,
             responder: Some(responder),
@@ -96,7 +98,10 @@ pub struct PingPongSession {
 impl Session for PingPongSession {
     fn start(&mut self, slot: u32, _seq: u64) -> Result<(), BenchError> {
         self.next += 1;
-        self.shared.line.0.store(2 * self.next - 1, Ordering::Release);
+        self.shared
+            .line
+            .0
+            .store(2 * self.next - 1, Ordering::Release);
         self.waiting = Some(slot);
         Ok(())
     }

@@ -189,7 +189,10 @@ mod tests {
     fn axis_bounds_cover_the_data() {
         for max in [0.3, 1.0, 7.3, 95.0, 12_345.0] {
             let (top, step) = nice_axis(max);
-            assert!(top >= max && step > 0.0 && top / step <= 10.0, "{max}: {top} {step}");
+            assert!(
+                top >= max && step > 0.0 && top / step <= 10.0,
+                "{max}: {top} {step}"
+            );
         }
     }
 }

@@ -39,7 +39,14 @@ impl Progress {
 
     /// Reports `completed` operations (warm-up included) and `errors` at
     /// `now` of a run that started at `t0`; prints at most once a second.
-    pub fn update(&mut self, now: Instant, t0: Instant, warmup: Duration, completed: u64, errors: u64) {
+    pub fn update(
+        &mut self,
+        now: Instant,
+        t0: Instant,
+        warmup: Duration,
+        completed: u64,
+        errors: u64,
+    ) {
         if !self.enabled {
             return;
         }

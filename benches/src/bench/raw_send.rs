@@ -109,8 +109,10 @@ impl Buffers {
     }
 
     fn sge(&self, i: usize, len: usize) -> Sge {
-        self.mr
-            .sge(self.bufs[i].offset as u64, u32::try_from(len).unwrap_or(u32::MAX))
+        self.mr.sge(
+            self.bufs[i].offset as u64,
+            u32::try_from(len).unwrap_or(u32::MAX),
+        )
     }
 
     /// Buffer `i`'s first `len` bytes.
@@ -369,14 +371,10 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
             .map_err(|e| BenchError::failed(what.clone(), e))?;
         let (mut qp, _) = self
             .provider
-            .connect(
-                self.addr,
-                &cq.handle(),
-                caps,
-                &[],
-                CONNECT_TIMEOUT,
-            )
-            .map_err(|e| BenchError::failed(format!("{what}: connecting to the raw echo peer"), e))?;
+            .connect(self.addr, &cq.handle(), caps, &[], CONNECT_TIMEOUT)
+            .map_err(|e| {
+                BenchError::failed(format!("{what}: connecting to the raw echo peer"), e)
+            })?;
         let recv_wrs: Box<[RecvWr]> = (0..nrecv)
             .map(|k| RecvWr {
                 wr_id: RECV_BIT | (qd + k) as u64,
@@ -478,7 +476,8 @@ impl<P: Provider> Session for RawSession<P> {
                     // SAFETY: the receive completed: the buffer is ours
                     // until reposted below.
                     let ok = len == self.size
-                        && (!self.verify || pattern::check(unsafe { self.bufs.bytes(i, len) }, seq));
+                        && (!self.verify
+                            || pattern::check(unsafe { self.bufs.bytes(i, len) }, seq));
                     self.ok[s] = ok;
                     let r = i - self.ok.len();
                     self.qp
@@ -490,7 +489,10 @@ impl<P: Provider> Session for RawSession<P> {
                 _ => continue,
             };
             let Some(st) = self.state.get_mut(slot) else {
-                return Err(self.fail(format!("completion of unknown work request {:#x}", wc.wr_id)));
+                return Err(self.fail(format!(
+                    "completion of unknown work request {:#x}",
+                    wc.wr_id
+                )));
             };
             if wc.opcode == WcOpcode::Send {
                 *st |= SENT;
@@ -504,6 +506,14 @@ impl<P: Provider> Session for RawSession<P> {
             }
         }
         Ok(n > 0)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "raw: {} echo(es) awaited, queue pair {:?}",
+            self.fifo.len(),
+            self.qp.state()
+        )
     }
 
     fn close(mut self) {

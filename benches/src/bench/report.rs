@@ -175,14 +175,19 @@ impl Report {
             "smbdirectd bench: {} against {}{}",
             self.title(),
             self.target,
-            self.rate
-                .map_or(String::new(), |r| format!(", fixed rate {r} ops/s (latency from intended start)"))
+            self.rate.map_or(String::new(), |r| format!(
+                ", fixed rate {r} ops/s (latency from intended start)"
+            ))
         );
         let _ = writeln!(
             s,
             "cores: client {}{}, server {}",
             cores_text(&self.client_cores),
-            if self.m.pinned { "" } else { " (NOT all pinned)" },
+            if self.m.pinned {
+                ""
+            } else {
+                " (NOT all pinned)"
+            },
             cores_text(&self.server_cores)
         );
         let _ = writeln!(
@@ -195,12 +200,12 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<14}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+            "{:<13} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             "latency (us)", "min", "p50", "p90", "p99", "p99.9", "p99.99", "max"
         );
         let _ = writeln!(
             s,
-            "{:<14}{:>10.2}{:>10.2}{:>10.2}{:>10.2}{:>10.2}{:>10.2}{:>10.2}",
+            "{:<13} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
             "", l.min, l.p50, l.p90, l.p99, l.p999, l.p9999, l.max
         );
         let _ = write!(
@@ -327,7 +332,10 @@ mod tests {
         ] {
             assert!(j.contains(k), "{k} missing from {j}");
         }
-        assert!(j.trim_end().ends_with("]\n}") || j.trim_end().ends_with("}"), "{j}");
+        assert!(
+            j.trim_end().ends_with("]\n}") || j.trim_end().ends_with("}"),
+            "{j}"
+        );
         assert!(!j.contains(",\n}"), "{j}");
     }
 
@@ -341,7 +349,15 @@ mod tests {
     #[test]
     fn table_names_every_percentile() {
         let t = sample().table();
-        for k in ["p50", "p99.99", "max", "credit stalls 2", "errors 0", "ops/s", "MB/s"] {
+        for k in [
+            "p50",
+            "p99.99",
+            "max",
+            "credit stalls 2",
+            "errors 0",
+            "ops/s",
+            "MB/s",
+        ] {
             assert!(t.contains(k), "{k} missing from {t}");
         }
     }

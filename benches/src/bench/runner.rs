@@ -96,6 +96,8 @@ fn nanos(d: Duration) -> u64 {
 struct Counters {
     completed: AtomicU64,
     errors: AtomicU64,
+    /// The thread's measured loop is over (it is closing its sessions).
+    drained: AtomicBool,
 }
 
 /// Start gate shared by the client threads and the caller.
@@ -192,6 +194,11 @@ pub fn run<W: Workload>(
             gate.go.store(true, Ordering::Release);
             while !handles.iter().all(|h| h.is_finished()) {
                 std::thread::sleep(Duration::from_millis(20));
+                if counters.iter().all(|c| c.drained.load(Ordering::Relaxed)) {
+                    // Clear the line before closing connections logs anything.
+                    progress.finish();
+                    continue;
+                }
                 let completed = counters
                     .iter()
                     .map(|c| c.completed.load(Ordering::Relaxed))
@@ -207,9 +214,9 @@ pub fn run<W: Workload>(
         let mut results = Vec::with_capacity(threads);
         let mut first_err: Option<BenchError> = None;
         for h in handles {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(BenchError::failed("running", "a client thread panicked"))
-            });
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(BenchError::failed("running", "a client thread panicked")));
             match r {
                 Ok(v) => results.push(v),
                 // Report the cause, not the threads it stopped.
@@ -307,6 +314,7 @@ fn client_thread<W: Workload>(
     }
     let t0 = *gate.t0.get().expect("t0 is set before go");
     let r = drive(&mut conns, &mut hist, plan, t0, gate, counters);
+    counters.drained.store(true, Ordering::Relaxed);
     let credit_stalls = conns.iter().map(|c| c.session.credit_stalls()).sum();
     close_all(conns);
     let (ops, errors, last_done) = r?;
@@ -382,7 +390,9 @@ fn drive<S: Session>(
                         Some(s) if s.busy => {
                             s.busy = false;
                             if s.measured {
-                                hist.saturating_record(nanos(now.saturating_duration_since(s.start)));
+                                hist.saturating_record(nanos(
+                                    now.saturating_duration_since(s.start),
+                                ));
                                 ops += 1;
                                 last_done = Some(now);
                             }
@@ -571,6 +581,75 @@ mod tests {
         let m = run(&w, &p, &mut Progress::disabled()).expect("runs");
         // 600 scheduled in 0.3 s (one connection per 1.5 ms, three of them).
         assert!((550..=650).contains(&m.ops), "{} ops", m.ops);
+    }
+
+    /// A session whose operations take `service` each, one at a time.
+    struct Slow {
+        service: Duration,
+        busy: Option<(u32, Instant)>,
+    }
+
+    impl Session for Slow {
+        fn start(&mut self, slot: u32, _seq: u64) -> Result<(), BenchError> {
+            self.busy = Some((slot, Instant::now()));
+            Ok(())
+        }
+        fn poll(&mut self, done: &mut dyn FnMut(Outcome)) -> Result<bool, BenchError> {
+            match self.busy {
+                Some((slot, t)) if t.elapsed() >= self.service => {
+                    self.busy = None;
+                    done(Outcome { slot, ok: true });
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        }
+        fn close(self) {}
+    }
+
+    struct SlowServer;
+    impl Workload for SlowServer {
+        type Session = Slow;
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+        fn bytes_per_op(&self) -> u64 {
+            1
+        }
+        fn open(&self, _index: usize) -> Result<Slow, BenchError> {
+            Ok(Slow {
+                service: Duration::from_millis(2),
+                busy: None,
+            })
+        }
+    }
+
+    #[test]
+    fn fixed_rate_latency_counts_from_the_intended_start() {
+        // One operation per millisecond scheduled, two milliseconds each,
+        // one at a time: the backlog grows, and every late operation is
+        // charged for its wait (coordinated omission corrected).
+        let p = Plan {
+            rate: Some(1000.0),
+            warmup: Duration::ZERO,
+            queue_depth: 1,
+            connections: 1,
+            client_cores: vec![None],
+            ..plan(Stop::After(Duration::from_millis(100)))
+        };
+        let m = run(&SlowServer, &p, &mut Progress::disabled()).expect("runs");
+        assert!(
+            (95..=101).contains(&m.ops),
+            "every scheduled op runs: {}",
+            m.ops
+        );
+        let max_ms = m.histogram.max() as f64 / 1e6;
+        let min_ms = m.histogram.min() as f64 / 1e6;
+        assert!(min_ms >= 2.0, "min {min_ms} ms");
+        assert!(
+            max_ms > 80.0,
+            "the last op waited for the backlog: max {max_ms} ms"
+        );
     }
 
     #[test]

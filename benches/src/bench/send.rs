@@ -35,19 +35,25 @@ pub fn loopback_smbd() -> SmbdConfig {
     }
 }
 
-/// Pool memory the loopback server needs for `opts` (each worker's slice:
-/// every receive credit of every connection at 8 KiB in the receive class's
-/// 25 %, message buffers for the queue depth in the RDMA class's 65 %).
+/// Pool memory the loopback server needs for `opts`, per worker slice of a
+/// [`PoolConfig::smbdirect`] pool: every receive credit of every connection
+/// in the receive class (25 % of the budget), the send queue in the send
+/// class (10 %), and for messages above MaxReceiveSize two buffers per
+/// outstanding message (the reassembled request and the echo) in the class
+/// that holds them (64 KiB at 10 %, or the 1 MiB RDMA class at 55 %).
 fn server_pool_mem(opts: &BenchOptions) -> usize {
     let workers = opts.server_cores.len().max(1);
-    let per_worker_conns = opts.connections.div_ceil(workers);
+    let conns = opts.connections.div_ceil(workers);
     let smbd = loopback_smbd();
-    let receives = per_worker_conns * (smbd.receive_credit_max as usize + 16) * 8192 * 4;
-    let sends = per_worker_conns * (smbd.send_credit_target as usize + 64) * 1408 * 10;
-    let messages = if opts.size > smbd.max_receive_size as usize {
-        per_worker_conns * (opts.queue_depth as usize + 4) * (1 << 20) * 100 / 65
-    } else {
+    let receives = conns * (smbd.receive_credit_max as usize + 16) * 8192 * 100 / 25;
+    let sends = conns * (smbd.send_credit_target as usize + 64) * 1408 * 100 / 10;
+    let in_flight = conns * (2 * opts.queue_depth as usize + 4);
+    let messages = if opts.size <= smbd.max_receive_size as usize {
         0
+    } else if opts.size <= 64 << 10 {
+        in_flight * (64 << 10) * 100 / 10
+    } else {
+        in_flight * (1 << 20) * 100 / 55
     };
     workers * receives.max(sends).max(messages).max(64 << 20)
 }
@@ -93,7 +99,12 @@ pub struct SendWorkload<'a, P: Provider> {
 impl<'a, P: Provider> SendWorkload<'a, P> {
     /// The workload of `opts` against `addr`; client pools are kept in
     /// `retained` (they must outlive the provider's registrations).
-    pub fn new(provider: Arc<P>, addr: SocketAddr, opts: &BenchOptions, retained: &'a Retained) -> Self {
+    pub fn new(
+        provider: Arc<P>,
+        addr: SocketAddr,
+        opts: &BenchOptions,
+        retained: &'a Retained,
+    ) -> Self {
         SendWorkload {
             provider,
             addr,
@@ -159,17 +170,21 @@ impl<P: Provider> Workload for SendWorkload<'_, P> {
         let cfg = SmbdConfig::default();
         let pool = client_pool(&cfg, self.size, self.queue_depth)
             .build()
-            .map_err(|e| BenchError::failed(format!("connection {index}: client buffer pool"), e))?;
+            .map_err(|e| {
+                BenchError::failed(format!("connection {index}: client buffer pool"), e)
+            })?;
         self.retained.keep(pool.clone());
         // SAFETY: `retained` keeps the pool mapped until after the provider
         // is dropped (`super::run` creates it first).
-        let mr = unsafe { self.provider.register_pool(&pool) }
-            .map_err(|e| BenchError::failed(format!("connection {index}: registering memory"), e))?;
-        let alloc = pool
-            .claim_slice(0)
-            .map_err(|e| BenchError::failed(format!("connection {index}: client buffer pool"), e))?;
-        let client = Client::connect(&*self.provider, self.addr, cfg, alloc, mr, CONNECT_TIMEOUT)
-            .map_err(|e| client_error(index, &format!("connecting to {}", self.addr), e))?;
+        let mr = unsafe { self.provider.register_pool(&pool) }.map_err(|e| {
+            BenchError::failed(format!("connection {index}: registering memory"), e)
+        })?;
+        let alloc = pool.claim_slice(0).map_err(|e| {
+            BenchError::failed(format!("connection {index}: client buffer pool"), e)
+        })?;
+        let client =
+            Client::connect(&*self.provider, self.addr, cfg, alloc, mr, CONNECT_TIMEOUT)
+                .map_err(|e| client_error(index, &format!("connecting to {}", self.addr), e))?;
         let max = client.connection().params().max_fragmented_send_size as usize;
         if self.size > max {
             let _ = client.close(Duration::from_secs(1));

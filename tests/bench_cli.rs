@@ -1,0 +1,392 @@
+//! `smbdirectd bench` end to end: the built binary against a loopback
+//! server (and a `serve` child process for `--connect`), its JSON,
+//! HdrHistogram and SVG outputs, `--iterations`, and the errors it must give
+//! instead of hanging.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `smbdirectd bench ARGS`, killing it after `limit`.
+fn bench(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .arg("bench")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn smbdirectd bench");
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "bench {args:?} still running after {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "smbdirectd-bench-cli-{}-{name}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// The number after `"key":` in a JSON document (first occurrence).
+fn number(doc: &str, key: &str) -> f64 {
+    let k = format!("\"{key}\":");
+    let i = doc
+        .find(&k)
+        .unwrap_or_else(|| panic!("{key} missing in {doc}"))
+        + k.len();
+    doc[i..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | 'E' | '+'))
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|e| panic!("{key} is not a number in {doc}: {e}"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Checks the three output files of a run of `workload`.
+fn check_outputs(dir: &Path, workload: &str, size: u64) {
+    let json = std::fs::read_to_string(dir.join("r.json")).expect("json written");
+    assert!(
+        json.trim_start().starts_with('{') && json.trim_end().ends_with('}'),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!("\"workload\": \"{workload}\"")),
+        "{json}"
+    );
+    assert!(json.contains("\"provider\": \"soft\""), "{json}");
+    assert!(json.contains("\"verify\": true"), "{json}");
+    assert!(json.contains("\"latency_us\": {"), "{json}");
+    for k in ["server_cores", "client_cores", "credit_stalls"] {
+        assert!(json.contains(&format!("\"{k}\":")), "{k} missing: {json}");
+    }
+    assert_eq!(number(&json, "size"), size as f64);
+    assert_eq!(number(&json, "queue_depth"), 1.0);
+    assert_eq!(number(&json, "connections"), 1.0);
+    assert_eq!(number(&json, "errors"), 0.0);
+    let ops = number(&json, "ops");
+    assert!(ops > 0.0, "{json}");
+    assert!(number(&json, "ops_per_sec") > 0.0, "{json}");
+    assert!(number(&json, "mb_per_sec") > 0.0, "{json}");
+    let d = number(&json, "duration_s");
+    assert!(d > 0.5 && d < 5.0, "duration_s {d}: {json}");
+    let (min, p50, p90, p99, p999, p9999, max) = (
+        number(&json, "min"),
+        number(&json, "p50"),
+        number(&json, "p90"),
+        number(&json, "p99"),
+        number(&json, "p999"),
+        number(&json, "p9999"),
+        number(&json, "max"),
+    );
+    assert!(min > 0.0, "{json}");
+    assert!(
+        min <= p50 && p50 <= p90 && p90 <= p99 && p99 <= p999 && p999 <= p9999 && p9999 <= max,
+        "percentiles out of order: {json}"
+    );
+
+    let hgrm = std::fs::read_to_string(dir.join("r.hgrm")).expect("hgrm written");
+    let mut lines = hgrm.lines();
+    let header = lines.next().expect("header line");
+    for col in ["Value", "Percentile", "TotalCount", "1/(1-Percentile)"] {
+        assert!(header.contains(col), "{header}");
+    }
+    let rows: Vec<(f64, f64, u64)> = hgrm
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut c = l.split_whitespace();
+            Some((
+                c.next()?.parse().ok()?,
+                c.next()?.parse().ok()?,
+                c.next()?.parse().ok()?,
+            ))
+        })
+        .collect();
+    assert!(rows.len() >= 10, "{hgrm}");
+    for w in rows.windows(2) {
+        assert!(
+            w[0].0 <= w[1].0 && w[0].1 <= w[1].1 && w[0].2 <= w[1].2,
+            "not monotone: {w:?}\n{hgrm}"
+        );
+    }
+    let last = rows.last().expect("rows");
+    assert_eq!(last.1, 1.0, "{hgrm}");
+    assert_eq!(last.2 as f64, ops, "the last row counts every operation");
+    assert!(hgrm.contains("#[Mean    ="), "{hgrm}");
+    assert!(hgrm.contains("#[Max     ="), "{hgrm}");
+    assert!(hgrm.contains("#[Buckets ="), "{hgrm}");
+
+    let svg = std::fs::read_to_string(dir.join("r.svg")).expect("svg written");
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+    assert!(svg.contains("<polyline") || svg.contains("<path"), "{svg}");
+    assert!(
+        svg.contains("Percentile") && svg.contains("Latency"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains(workload),
+        "the title names the workload: {svg}"
+    );
+}
+
+fn run_with_outputs(workload: &str) {
+    let _g = common::serial();
+    let dir = scratch(workload);
+    let (j, h, p) = (dir.join("r.json"), dir.join("r.hgrm"), dir.join("r.svg"));
+    let o = bench(
+        &[
+            "--loopback",
+            "--provider",
+            "soft",
+            "--workload",
+            workload,
+            "--size",
+            "512",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--json",
+            j.to_str().unwrap(),
+            "--hgrm",
+            h.to_str().unwrap(),
+            "--plot",
+            p.to_str().unwrap(),
+            "--verify",
+            "--quiet",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for k in [
+        "ops/s",
+        "MB/s",
+        "p50",
+        "p99.99",
+        "max",
+        "credit stalls",
+        "errors 0",
+    ] {
+        assert!(out.contains(k), "{k} missing from the table: {}", text(&o));
+    }
+    check_outputs(&dir, workload, 512);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_over_loopback_writes_json_hgrm_and_svg() {
+    run_with_outputs("send");
+}
+
+#[test]
+fn raw_send_over_loopback_writes_json_hgrm_and_svg() {
+    run_with_outputs("raw-send");
+}
+
+#[test]
+fn iterations_measure_exactly_that_many_operations() {
+    let _g = common::serial();
+    for (workload, extra) in [("send", "3"), ("raw-send", "1")] {
+        let dir = scratch(&format!("iter-{workload}"));
+        let j = dir.join("r.json");
+        let o = bench(
+            &[
+                "--loopback",
+                "--provider",
+                "soft",
+                "--workload",
+                workload,
+                "--queue-depth",
+                extra,
+                "--connections",
+                "2",
+                "--iterations",
+                "1001",
+                "--warmup",
+                "0.1",
+                "--verify",
+                "--quiet",
+                "--json",
+                j.to_str().unwrap(),
+            ],
+            Duration::from_secs(20),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let json = std::fs::read_to_string(&j).expect("json");
+        assert_eq!(number(&json, "ops"), 1001.0, "{workload}: {json}");
+        assert_eq!(number(&json, "iterations"), 1001.0, "{workload}: {json}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn fragmented_sends_with_a_queue_depth_verify() {
+    let _g = common::serial();
+    let o = bench(
+        &[
+            "--loopback",
+            "--provider",
+            "soft",
+            "--workload",
+            "send",
+            "--size",
+            "20000",
+            "--queue-depth",
+            "4",
+            "--iterations",
+            "300",
+            "--warmup",
+            "0",
+            "--verify",
+            "--quiet",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("300 ops"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn workloads_not_implemented_yet_fail_clearly_without_hanging() {
+    let _g = common::serial();
+    for workload in ["read", "write", "mixed", "qos"] {
+        let o = bench(
+            &[
+                "--loopback",
+                "--provider",
+                "soft",
+                "--workload",
+                workload,
+                "--duration",
+                "1",
+            ],
+            Duration::from_secs(20),
+        );
+        let code = o.status.code();
+        assert!(
+            matches!(code, Some(1) | Some(2)),
+            "{workload}: {}",
+            text(&o)
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("workload {workload} is not implemented yet")),
+            "{workload}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn usage_errors_exit_with_status_2() {
+    for args in [
+        &["--loopback", "--size", "0"][..],
+        &["--loopback", "--queue-depth", "0"],
+        &["--connect", "127.0.0.1:445", "--workload", "raw-send"],
+        &["--workload", "send"],
+        &["--loopback", "--iterations", "10", "--duration", "1"],
+        &["--loopback", "--cores", "4096"],
+        &["--loopback", "--json", "/nonexistent-dir/r.json"],
+    ] {
+        let o = bench(args, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(!o.stderr.is_empty(), "{args:?}: says why");
+    }
+}
+
+#[test]
+fn send_drives_a_running_serve_over_connect() {
+    let _g = common::serial();
+    let port = common::free_port();
+    let d = common::spawn(port, &[]);
+    let addr = format!("127.0.0.1:{port}");
+    let o = bench(
+        &[
+            "--connect",
+            &addr,
+            "--provider",
+            "soft",
+            "--workload",
+            "send",
+            "--size",
+            "4096",
+            "--queue-depth",
+            "2",
+            "--iterations",
+            "500",
+            "--warmup",
+            "0",
+            "--verify",
+            "--quiet",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("500 ops") && out.contains(&addr),
+        "{}",
+        text(&o)
+    );
+    common::terminate(d);
+}
+
+#[test]
+fn send_against_an_smb2_server_is_an_error_not_a_hang() {
+    let _g = common::serial();
+    let port = common::free_port();
+    let d = common::spawn(port, &["--upper", "smb2"]);
+    let addr = format!("127.0.0.1:{port}");
+    let o = bench(
+        &[
+            "--connect",
+            &addr,
+            "--provider",
+            "soft",
+            "--workload",
+            "send",
+            "--iterations",
+            "10",
+            "--warmup",
+            "0",
+            "--quiet",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!o.stderr.is_empty(), "{}", text(&o));
+    drop(d);
+}
