@@ -453,9 +453,19 @@ fn smb2_negotiate_session_tree_create_read_write_inline_and_rdma_close() {
         ResponseBody::Echo(_)
     ));
 
-    // A defined command this server does not implement: STATUS_NOT_SUPPORTED.
-    let r = s.call(Command::QueryInfo, 1, &ErrorResponseRepr::EMPTY);
+    // A defined command this server does not implement: STATUS_NOT_SUPPORTED
+    // (CHANGE_NOTIFY, [MS-SMB2] 3.3.5.19 lets a server refuse it); a
+    // malformed body of a defined command: STATUS_INVALID_PARAMETER.
+    let cn = ChangeNotifyRequestRepr {
+        flags: ChangeNotifyFlags::empty(),
+        output_buffer_length: 4096,
+        file_id: fid,
+        completion_filter: CompletionFilter::from_bits(0x1),
+    };
+    let r = s.call(Command::ChangeNotify, 1, &cn);
     assert_eq!(r.header.status, STATUS_NOT_SUPPORTED);
+    let r = s.call(Command::QueryInfo, 1, &ErrorResponseRepr::EMPTY);
+    assert_eq!(r.header.status, STATUS_INVALID_PARAMETER);
 
     // CLOSE, then the handle is gone.
     let r = s.call(

@@ -11,6 +11,7 @@ pub mod qos_admin;
 pub mod qos_policy;
 pub mod server;
 pub mod stats;
+pub mod users;
 
 pub use server::{start, RunningServer, ServerConfig, ServerError};
 pub use stats::ServerStats;

@@ -110,6 +110,59 @@ statuses! {
     STATUS_UNEXPECTED_IO_ERROR = 0xC000_00E9;
     /// Directory not empty (delete of a non-empty directory).
     STATUS_DIRECTORY_NOT_EMPTY = 0xC000_0101;
+    /// [MS-SMB2] 3.3.5.18: QUERY_DIRECTORY has no (more) entries to return
+    /// (a warning).
+    STATUS_NO_MORE_FILES = 0x8000_0006;
+    /// [MS-SMB2] 3.3.5.18: the first QUERY_DIRECTORY of a search matches
+    /// nothing.
+    STATUS_NO_SUCH_FILE = 0xC000_000F;
+    /// [MS-SMB2] 3.3.5.12/3.3.5.13: READ/WRITE over a byte range another open
+    /// has locked.
+    STATUS_FILE_LOCK_CONFLICT = 0xC000_0054;
+    /// [MS-SMB2] 3.3.5.14: a lock request that conflicts with an existing
+    /// lock.
+    STATUS_LOCK_NOT_GRANTED = 0xC000_0055;
+    /// [MS-SMB2] 3.3.5.14: an unlock of a range that is not locked.
+    STATUS_RANGE_NOT_LOCKED = 0xC000_007E;
+    /// [MS-SMB2] 3.3.5.14: Offset + Length of a lock element overflows.
+    STATUS_INVALID_LOCK_RANGE = 0xC000_01A1;
+    /// [MS-FSA] 2.1.5.15.12 (rename): target on another volume/share.
+    STATUS_NOT_SAME_DEVICE = 0xC000_00D4;
+    /// An open of a file whose delete is pending.
+    STATUS_DELETE_PENDING = 0xC000_0056;
+    /// Delete of a file that cannot be deleted (read-only).
+    STATUS_CANNOT_DELETE = 0xC000_0121;
+    /// [MS-SMB2] 3.3.5.20.1: an information class [MS-FSCC] does not define.
+    STATUS_INVALID_INFO_CLASS = 0xC000_0003;
+    /// [MS-FSA] 2.1.5.x: an output or input buffer shorter than the
+    /// information class's fixed part.
+    STATUS_INFO_LENGTH_MISMATCH = 0xC000_0004;
+    /// [MS-SMB2] 3.3.5.15.2: FSCTL_DFS_GET_REFERRALS on a server without DFS.
+    STATUS_FS_DRIVER_REQUIRED = 0xC000_019C;
+    /// [MS-SMB2] 3.3.5.19: CHANGE_NOTIFY whose changes did not fit (a success
+    /// code: enumerate the directory again).
+    STATUS_NOTIFY_ENUM_DIR = 0x0000_010C;
+    /// [MS-SMB2] 3.3.5.19: CHANGE_NOTIFY completed because the handle closed.
+    STATUS_NOTIFY_CLEANUP = 0x0000_010B;
+    /// An invalid handle.
+    STATUS_INVALID_HANDLE = 0xC000_0008;
+    /// [MS-SMB2] 3.3.5.9: the open conflicts with another open's share access.
+    STATUS_SHARING_VIOLATION = 0xC000_0043;
+    /// A path that is syntactically invalid.
+    STATUS_OBJECT_PATH_SYNTAX_BAD = 0xC000_003B;
+    /// FileFullEaInformation on a file with no extended attributes.
+    STATUS_NO_EAS_ON_FILE = 0xC000_0052;
+    /// The file system does not support extended attributes.
+    STATUS_EAS_NOT_SUPPORTED = 0xC000_004F;
+    /// The requested operation is not implemented.
+    STATUS_NOT_IMPLEMENTED = 0xC000_0002;
+    /// [MS-SMB2] 3.3.5.22.1: OPLOCK_BREAK acknowledgment with no break in
+    /// progress.
+    STATUS_INVALID_OPLOCK_PROTOCOL = 0xC000_00E3;
+    /// A write to a read-only volume.
+    STATUS_MEDIA_WRITE_PROTECTED = 0xC000_00A2;
+    /// FSCTL_GET_REPARSE_POINT on a file that is not one.
+    STATUS_NOT_A_REPARSE_POINT = 0xC000_0275;
 }
 
 #[cfg(test)]

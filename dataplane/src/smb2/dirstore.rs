@@ -47,18 +47,81 @@
 //! The second descriptor is opened by path: a rename racing with CREATE may
 //! give it another file (accepted; the path is confined either way).
 //!
+//! # Read-only files
+//! A file whose mode refuses `O_RDWR` (EACCES, or EROFS on a read-only
+//! mount) is opened `O_RDONLY`; WRITE and truncation of it are
+//! `Io(EACCES)` (STATUS_ACCESS_DENIED), as for a FILE_ATTRIBUTE_READONLY
+//! file on Windows.
+//!
+//! # Metadata operations
+//! Each open file remembers its share-relative path and its identity
+//! (device and inode from the CREATE's STATX). Path operations are state
+//! machines in a slot like CREATE:
+//! - **rename**: OPENAT2 (`O_PATH`, the confined resolution above) of the
+//!   old and of the new parent, STATX of the old name in its parent
+//!   (`AT_SYMLINK_NOFOLLOW`) to check it still names this file, STATX of
+//!   the target when replacing (a directory is never replaced:
+//!   `Io(EACCES)`, [MS-FSA] 2.1.5.14.11), then IORING_OP_RENAMEAT between
+//!   the two parent descriptors (`RENAME_NOREPLACE` unless replacing; the
+//!   last components contain no `/`, so nothing is resolved outside the
+//!   confined parents and a symlink target is replaced, never followed).
+//!   On success the paths of this worker's opens at or beneath the old
+//!   name follow.
+//! - **delete on close**: [`Store::set_delete_on_close`] marks the handle;
+//!   its close hands the mark to another open of the same file on this
+//!   worker if there is one, else unlinks: OPENAT2 of the parent, the
+//!   same STATX check, IORING_OP_UNLINKAT (`AT_REMOVEDIR` for a
+//!   directory), run in the background without a tag (the handle's
+//!   descriptors close after it). "Last close" thus covers the opens of one
+//!   worker; an open on another worker keeps the (unlinked) file, as POSIX
+//!   does. Marked files sit in a set shared by all workers of the factory,
+//!   so no worker opens them again (`DeletePending`, checked against the
+//!   identity after the open's STATX; an Overwrite or Supersede of a
+//!   delete-pending file has already truncated it by then, and a Create
+//!   of its name is `Exists`). Unmarking clears the marks of this worker's
+//!   opens only. Creations inside a marked directory are not refused: its
+//!   unlink then fails (ENOTEMPTY) and it stays.
+//! - When a path no longer names the file (renamed through another worker,
+//!   or outside the server), the STATX check fails and the current path is
+//!   read back from `/proc/self/fd` (`readlink(2)`, synchronous, served
+//!   from the dentry cache without disk I/O) once; if that does not lead
+//!   to the file either, rename fails with `NotFound` and a pending
+//!   deletion is dropped.
+//!
+//! Synchronous exceptions, each a metadata call with no io_uring opcode:
+//! - QUERY_DIRECTORY reads the names with `getdents64(2)` on a duplicate
+//!   (`fcntl(F_DUPFD_CLOEXEC)`) of the directory's descriptor, then STATXes
+//!   every entry through the ring ([`LIST_WINDOW`] at a time), so the inode
+//!   reads that may touch the disk stay asynchronous. A helper thread would
+//!   cost a queue, a wake-up and an allocation per request to save one
+//!   read of a local directory's entries (from the page cache once read),
+//!   off the READ/WRITE path. Symlinks, special files and names that are
+//!   not valid SMB names (not UTF-8, `\`, `:`) are not listed.
+//! - Marking a directory for deletion checks that it is empty the same way.
+//! - SET_INFO: `futimens(2)` for the last access and last write times; the
+//!   creation time cannot be set on Linux and the change time is the
+//!   kernel's (both ignored). Of the attributes only READONLY is kept, as
+//!   the write permission bits of the mode (set: every write bit cleared;
+//!   cleared: the owner's write bit set), read by a STATX through the ring
+//!   and changed with `fchmod(2)`; the others, and READONLY on a
+//!   directory, are ignored. Reported attributes are DIRECTORY, READONLY
+//!   (no owner write bit; files only) or NORMAL.
+//! - FileFsSizeInformation and friends: `fstatvfs(2)` of the root.
+//!
 //! # Kernel support
 //! OPENAT2, STATX, READ, WRITE, FSYNC and CLOSE (Linux 5.6) are required;
 //! the factory probes them and refuses to start without. Where MKDIRAT
-//! (5.15) or FTRUNCATE (6.9) is missing, that operation alone uses the
-//! plain system call (`mkdirat(2)`, `ftruncate(2)`), which completes at
-//! once (it may block the worker on a slow disk: upgrade the kernel). A
-//! failed io_uring setup (seccomp, `kernel.io_uring_disabled`) is an error:
-//! there is no fallback to blocking I/O.
+//! (5.15), RENAMEAT or UNLINKAT (5.11) or FTRUNCATE (6.9) is missing, that
+//! operation alone uses the plain system call (`mkdirat(2)`,
+//! `renameat2(2)`, `unlinkat(2)`, `ftruncate(2)`), which completes at once
+//! (it may block the worker on a slow disk: upgrade the kernel). A failed
+//! io_uring setup (seccomp, `kernel.io_uring_disabled`) is an error: there
+//! is no fallback to blocking I/O.
 
 use super::store::{
-    disposition_allows_directory, filetime_from_unix, valid_path, Action, Disposition, FileInfo,
-    Handle, OpenRequest, OpenTable, Poll, Store, StoreError, StoreFactory, Tag,
+    attributes, disposition_allows_directory, filetime_from_unix, unix_from_filetime, valid_path,
+    Action, DirEntry, Disposition, FileInfo, FsInfo, Handle, OpenRequest, OpenTable, Poll,
+    SetTimes, Store, StoreError, StoreFactory, Tag,
 };
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 use memmap2::{MmapMut, MmapOptions};
@@ -69,8 +132,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Submission queue entries of each handle's ring.
@@ -85,6 +148,17 @@ pub const STAGE_CHUNK: usize = 64 << 10;
 pub const DIRECT_ALIGN: u64 = 4096;
 /// `user_data` of fire-and-forget closes.
 const CLOSE_DATA: u64 = u64::MAX;
+/// Bits of `user_data` naming the slot; the bits above name an entry of a
+/// listing (index + 1; 0 for a slot's own step).
+const SLOT_BITS: u32 = 32;
+/// STATXes one listing keeps in flight.
+pub const LIST_WINDOW: usize = 32;
+/// Bytes each `getdents64(2)` call may fill.
+const DIRENT_BUF: usize = 32 << 10;
+/// Offset of `d_name` in a `linux_dirent64`.
+const DIRENT_NAME: usize = 19;
+/// What every STATX asks for.
+const STATX_MASK: u32 = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
 /// Retries of an open racing with renames or deletes (EAGAIN from
 /// RESOLVE_BENEATH, a file deleted between two steps).
 const OPEN_RETRIES: u8 = 4;
@@ -101,6 +175,51 @@ struct Caps {
     mkdirat: bool,
     /// IORING_OP_FTRUNCATE (6.9).
     ftruncate: bool,
+    /// IORING_OP_RENAMEAT (5.11).
+    renameat: bool,
+    /// IORING_OP_UNLINKAT (5.11).
+    unlinkat: bool,
+}
+
+/// Identity of a file: device (major << 32 | minor) and inode number.
+type FileKey = (u64, u64);
+
+/// Files marked for deletion on close, shared by the handles of one
+/// factory so that no worker opens them again.
+#[derive(Debug, Default)]
+struct PendingDeletes {
+    /// Entries of `files`, read without the lock (usually 0).
+    len: AtomicUsize,
+    /// Marking workers per file.
+    files: Mutex<HashMap<FileKey, u32>>,
+}
+
+impl PendingDeletes {
+    fn lock(&self) -> MutexGuard<'_, HashMap<FileKey, u32>> {
+        // Every change is one insert or update: consistent after a panic.
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, key: FileKey) {
+        let mut files = self.lock();
+        *files.entry(key).or_insert(0) += 1;
+        self.len.store(files.len(), Ordering::Release);
+    }
+
+    fn remove(&self, key: FileKey) {
+        let mut files = self.lock();
+        if let Some(n) = files.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                files.remove(&key);
+            }
+        }
+        self.len.store(files.len(), Ordering::Release);
+    }
+
+    fn contains(&self, key: FileKey) -> bool {
+        self.len.load(Ordering::Acquire) > 0 && self.lock().contains_key(&key)
+    }
 }
 
 /// Makes [`DirStore`] handles over one directory.
@@ -111,6 +230,7 @@ pub struct DirStoreFactory {
     direct: bool,
     staging: usize,
     caps: Caps,
+    pending: Arc<PendingDeletes>,
 }
 
 /// Why io_uring cannot be used, for an operator.
@@ -185,6 +305,8 @@ impl DirStoreFactory {
         let caps = Caps {
             mkdirat: probe.is_supported(opcode::MkDirAt::CODE),
             ftruncate: probe.is_supported(opcode::Ftruncate::CODE),
+            renameat: probe.is_supported(opcode::RenameAt::CODE),
+            unlinkat: probe.is_supported(opcode::UnlinkAt::CODE),
         };
         let staging = staging_bytes.max(STAGE_CHUNK).div_ceil(STAGE_CHUNK) * STAGE_CHUNK;
         Ok(DirStoreFactory {
@@ -193,6 +315,7 @@ impl DirStoreFactory {
             direct,
             staging,
             caps,
+            pending: Arc::default(),
         })
     }
 
@@ -230,6 +353,15 @@ struct File {
     /// The O_DIRECT descriptor, or -1.
     direct_fd: RawFd,
     is_dir: bool,
+    /// Opened `O_RDWR` (else `O_RDONLY`: see "Read-only files").
+    writable: bool,
+    /// Share-relative, `/`-separated ("" for the root), as of the last
+    /// rename through this handle's store.
+    path: String,
+    /// What `path` must name (checked before a rename or unlink).
+    key: FileKey,
+    /// Unlink at close ([`Store::set_delete_on_close`]).
+    delete_on_close: bool,
 }
 
 /// A run of staging chunks.
@@ -334,6 +466,8 @@ enum Mode {
     ReadWrite,
     /// `O_RDWR | O_TRUNC`.
     Truncate,
+    /// `O_RDONLY`: `O_RDWR` was refused (EACCES, EROFS).
+    ReadOnly,
     /// `O_RDONLY | O_DIRECTORY`.
     Dir,
 }
@@ -360,6 +494,10 @@ enum Step {
 struct OpenOp {
     /// `/`-separated path, "." for the root.
     path: CString,
+    /// `/`-separated path, "" for the root (what the handle remembers).
+    share_path: String,
+    /// The main open was `O_RDWR`.
+    writable: bool,
     /// Parent path (None: the root).
     parent: Option<CString>,
     /// Last component.
@@ -398,6 +536,84 @@ enum Kind {
     Stat,
     Fsync,
     Truncate,
+    /// QUERY_DIRECTORY: a STATX per entry, several in flight.
+    List(Box<ListOp>),
+    /// Rename, or the unlink of a delete-on-close file.
+    Path(Box<PathOp>),
+    /// SET_INFO of READONLY: STATX for the mode, then `fchmod(2)`.
+    Chmod {
+        h: Handle,
+        read_only: bool,
+    },
+}
+
+/// A listing in progress: names read, their STATXes in flight.
+struct ListOp {
+    /// A duplicate of the directory's descriptor, the STATXes' dirfd.
+    dirfd: RawFd,
+    names: Vec<CString>,
+    /// STATX target per name (never resized: the kernel writes into it).
+    bufs: Vec<libc::statx>,
+    /// STATX result per name.
+    res: Vec<i32>,
+    /// The next name to STATX.
+    next: usize,
+    /// STATXes whose CQE is due.
+    outstanding: usize,
+    /// The snapshot, once complete.
+    entries: Vec<DirEntry>,
+}
+
+/// What a path operation does once the old name is checked.
+enum PathAct {
+    Rename {
+        h: Handle,
+        /// `/`-separated.
+        new_path: String,
+        new_parent: CString,
+        new_name: CString,
+        replace: bool,
+    },
+    /// Delete on close: the closed handle's descriptors, closed after.
+    Unlink {
+        is_dir: bool,
+        fd: RawFd,
+        direct_fd: RawFd,
+    },
+}
+
+/// The step of a path operation whose CQE is awaited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathStep {
+    /// OPENAT2 of the old name's parent.
+    OldParent,
+    /// OPENAT2 of the new name's parent (rename).
+    NewParent,
+    /// STATX of the old name: is it still this file?
+    Verify,
+    /// STATX of the target (rename with replace).
+    Target,
+    /// RENAMEAT or UNLINKAT.
+    Act,
+}
+
+/// A rename or unlink in progress (boxed: a metadata path).
+struct PathOp {
+    act: PathAct,
+    /// The file the old name must name.
+    key: FileKey,
+    /// The old name, `/`-separated, its parent ("." at the top) and last
+    /// component.
+    path: String,
+    parent: CString,
+    name: CString,
+    /// Read by the kernel when the OPENAT2 SQE is prepared.
+    how: types::OpenHow,
+    step: PathStep,
+    old_pfd: RawFd,
+    new_pfd: RawFd,
+    /// The path was read back from /proc once already.
+    refreshed: bool,
 }
 
 /// What a finished operation produced.
@@ -407,6 +623,8 @@ enum Out {
     Count(u32),
     Info(FileInfo),
     Unit,
+    /// A listing is complete (the entries wait in its [`ListOp`]).
+    Listed,
 }
 
 /// One operation.
@@ -450,10 +668,85 @@ fn errno_error(e: i32) -> StoreError {
     }
 }
 
-/// FileInfo of a STATX result.
+/// The identity of a STATX result.
+fn key_of(st: &libc::statx) -> FileKey {
+    (
+        u64::from(st.stx_dev_major) << 32 | u64::from(st.stx_dev_minor),
+        st.stx_ino,
+    )
+}
+
+/// The errno of the last failed system call.
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// A `/`-separated share path's parent ("." at the top) and last
+/// component, as C strings.
+fn unix_parts(path: &str) -> Result<(CString, CString), StoreError> {
+    let (parent, name) = path.rsplit_once('/').unwrap_or((".", path));
+    let c = |s: &str| CString::new(s).map_err(|_| StoreError::InvalidName);
+    Ok((c(parent)?, c(name)?))
+}
+
+/// Calls `visit` with the name and `d_type` of every entry of the open
+/// directory `fd` but `.` and `..`, from the start (`getdents64(2)`,
+/// synchronous: see the module docs), until it returns false. Errors are
+/// errnos.
+fn for_each_dirent(fd: RawFd, mut visit: impl FnMut(&[u8], u8) -> bool) -> Result<(), i32> {
+    // SAFETY: a descriptor of ours; the result is checked.
+    if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
+        return Err(last_errno());
+    }
+    let mut buf = vec![0u8; DIRENT_BUF];
+    loop {
+        // SAFETY: `buf` is writable for `buf.len()` bytes; the kernel
+        // writes at most that many.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let filled = &buf[..n as usize];
+        let mut off = 0;
+        // linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1),
+        // d_name (NUL-terminated, padded to d_reclen).
+        while off + DIRENT_NAME <= filled.len() {
+            let reclen = usize::from(u16::from_ne_bytes([filled[off + 16], filled[off + 17]]));
+            if reclen <= DIRENT_NAME || off + reclen > filled.len() {
+                return Err(libc::EIO);
+            }
+            let d_type = filled[off + 18];
+            let raw = &filled[off + DIRENT_NAME..off + reclen];
+            let name = &raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())];
+            if name != b"." && name != b".." && !visit(name, d_type) {
+                return Ok(());
+            }
+            off += reclen;
+        }
+    }
+}
+
+/// Whether a directory entry is listed: a regular file or directory (or
+/// not yet known: STATX decides) whose name a client can use.
+fn listable(name: &[u8], d_type: u8) -> Option<&str> {
+    if !matches!(d_type, libc::DT_REG | libc::DT_DIR | libc::DT_UNKNOWN) {
+        return None;
+    }
+    let name = std::str::from_utf8(name).ok()?;
+    (!name.contains('\\') && valid_path(name)).then_some(name)
+}
+
+/// FileInfo of a STATX result (never delete-pending: the caller knows).
 fn info_from_statx(st: &libc::statx) -> FileInfo {
     let ft = |t: &libc::statx_timestamp| filetime_from_unix(t.tv_sec, t.tv_nsec);
-    let is_dir = u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR;
+    let mode = u32::from(st.stx_mode);
+    let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+    let read_only = !is_dir && mode & 0o200 == 0;
     let last_write = ft(&st.stx_mtime);
     let change = ft(&st.stx_ctime);
     FileInfo {
@@ -468,6 +761,10 @@ fn info_from_statx(st: &libc::statx) -> FileInfo {
         last_access_time: ft(&st.stx_atime),
         last_write_time: last_write,
         change_time: change,
+        file_id: st.stx_ino,
+        attributes: attributes::reported(if read_only { attributes::READONLY } else { 0 }, is_dir),
+        nlink: st.stx_nlink,
+        delete_pending: false,
     }
 }
 
@@ -493,6 +790,12 @@ pub struct DirStore {
     in_flight: usize,
     /// Fire-and-forget closes whose CQE is due.
     closes: usize,
+    /// Delete-on-close marks, shared with the factory's other handles.
+    pending: Arc<PendingDeletes>,
+    /// Unlinks at close waiting for a free slot.
+    deferred: Vec<PathOp>,
+    /// VolumeLabel ([`Store::fs_info`]).
+    label: String,
 }
 
 impl std::fmt::Debug for DirStore {
@@ -506,6 +809,19 @@ impl std::fmt::Debug for DirStore {
             .field("staging_bytes", &self.staging.len())
             .finish()
     }
+}
+
+/// The volume label of a share over `root`: its last component, at most
+/// 32 UTF-16 code units ([MS-FSCC] 2.5.9).
+fn volume_label(root: &Path) -> String {
+    let name = root.file_name().and_then(|n| n.to_str()).unwrap_or("share");
+    let mut units = 0;
+    name.chars()
+        .take_while(|c| {
+            units += c.len_utf16();
+            units <= 32
+        })
+        .collect()
 }
 
 /// Noted once: a file system refused O_DIRECT.
@@ -529,6 +845,9 @@ impl DirStore {
             staging: ManuallyDrop::new(Staging::new(f.staging)?),
             in_flight: 0,
             closes: 0,
+            pending: Arc::clone(&f.pending),
+            deferred: Vec::new(),
+            label: volume_label(&f.path),
         })
     }
 
@@ -537,8 +856,9 @@ impl DirStore {
     fn push(&mut self, entry: squeue::Entry) -> Result<(), QueueFull> {
         for attempt in 0..2 {
             // SAFETY: every pointer in our SQEs (staging runs, boxed paths
-            // and open_how, slot STATX buffers) stays valid until the CQE:
-            // slots and stages are released only after it.
+            // and open_how, slot STATX buffers, a listing's names and STATX
+            // buffers) stays valid until the CQE: slots and stages are
+            // released only after it (a listing's after its last one).
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
                 let _ = self.ring.submit();
                 return Ok(());
@@ -599,6 +919,16 @@ impl DirStore {
                 self.close_fd(op.fd);
                 self.close_fd(op.direct_fd);
                 self.close_fd(op.parent_fd);
+            }
+            Kind::List(op) => self.close_fd(op.dirfd),
+            Kind::Path(op) => {
+                self.close_fd(op.old_pfd);
+                self.close_fd(op.new_pfd);
+                if let PathAct::Unlink { fd, direct_fd, .. } = op.act {
+                    self.close_fd(fd);
+                    self.close_fd(direct_fd);
+                    self.pending.remove(op.key);
+                }
             }
             _ => {}
         }
@@ -747,7 +1077,10 @@ impl DirStore {
             Kind::Stat => Some(if res < 0 {
                 Err(errno_error(-res))
             } else {
-                Ok(Out::Info(info_from_statx(&self.ops[slot].statx)))
+                let st = &self.ops[slot].statx;
+                let mut info = info_from_statx(st);
+                info.delete_pending = self.pending.contains(key_of(st));
+                Ok(Out::Info(info))
             }),
             Kind::Fsync | Kind::Truncate => Some(if res < 0 {
                 Err(errno_error(-res))
@@ -755,7 +1088,14 @@ impl DirStore {
                 Ok(Out::Unit)
             }),
             Kind::Open(_) => self.open_advance(slot, res),
-            Kind::Free => None,
+            Kind::Path(_) => self.path_advance(slot, res),
+            Kind::Chmod { h, read_only } => Some(if res < 0 {
+                Err(errno_error(-res))
+            } else {
+                self.chmod_finish(h, read_only, u32::from(self.ops[slot].statx.stx_mode))
+            }),
+            // A listing's CQEs carry an entry index: `list_cqe`.
+            Kind::List(_) | Kind::Free => None,
         }
     }
 
@@ -818,6 +1158,7 @@ impl DirStore {
                     Mode::CreateExcl => libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
                     Mode::ReadWrite => libc::O_RDWR,
                     Mode::Truncate => libc::O_RDWR | libc::O_TRUNC,
+                    Mode::ReadOnly => libc::O_RDONLY,
                     Mode::Dir => libc::O_RDONLY | libc::O_DIRECTORY,
                 };
                 let path = op.path.as_ptr();
@@ -829,7 +1170,7 @@ impl DirStore {
             }
             Step::Statx => opcode::Statx::new(types::Fd(op.fd), c"".as_ptr(), statx_buf)
                 .flags(libc::AT_EMPTY_PATH)
-                .mask(libc::STATX_BASIC_STATS | libc::STATX_BTIME)
+                .mask(STATX_MASK)
                 .build(),
         };
         self.push_op(slot, entry)?;
@@ -901,7 +1242,8 @@ impl DirStore {
             Step::Main(mode) => {
                 if res >= 0 {
                     op.fd = res;
-                    op.step = if direct && mode != Mode::Dir {
+                    op.writable = !matches!(mode, Mode::ReadOnly | Mode::Dir);
+                    op.step = if direct && op.writable {
                         Step::Direct
                     } else {
                         Step::Statx
@@ -938,6 +1280,10 @@ impl DirStore {
                     }
                     (Mode::ReadWrite, libc::EISDIR) if !op.non_directory => {
                         op.step = Step::Main(Mode::Dir)
+                    }
+                    // No write permission, or a read-only mount.
+                    (Mode::ReadWrite, libc::EACCES | libc::EROFS) => {
+                        op.step = Step::Main(Mode::ReadOnly)
                     }
                     (Mode::ReadWrite | Mode::Truncate, libc::EISDIR) => {
                         return Err(StoreError::IsADirectory)
@@ -1010,10 +1356,19 @@ impl DirStore {
         if let Err(e) = check {
             return Err(self.open_fail(slot, e));
         }
+        let key = key_of(&self.ops[slot].statx);
+        if self.pending.contains(key) {
+            return Err(self.open_fail(slot, StoreError::DeletePending));
+        }
+        let op = self.open_op(slot);
         let file = File {
             fd: op.fd,
             direct_fd: op.direct_fd,
             is_dir: info.is_dir,
+            writable: op.writable,
+            path: std::mem::take(&mut op.share_path),
+            key,
+            delete_on_close: false,
         };
         let action = op.action;
         match self.files.insert(file) {
@@ -1064,6 +1419,8 @@ impl DirStore {
         };
         let op = OpenOp {
             path: cstr(if root { "." } else { &unix })?,
+            share_path: unix.clone(),
+            writable: false,
             parent: parent.map(cstr).transpose()?,
             name: cstr(name)?,
             disposition: req.disposition,
@@ -1123,8 +1480,16 @@ impl DirStore {
                     self.closes -= 1;
                     continue;
                 }
-                let slot = user_data as usize;
-                if slot >= MAX_OPS || !self.ops[slot].awaiting {
+                let slot = (user_data & ((1 << SLOT_BITS) - 1)) as usize;
+                let entry = (user_data >> SLOT_BITS) as usize;
+                if slot >= MAX_OPS {
+                    continue;
+                }
+                if entry > 0 {
+                    self.list_cqe(slot, entry - 1, res, done);
+                    continue;
+                }
+                if !self.ops[slot].awaiting {
                     continue;
                 }
                 self.ops[slot].awaiting = false;
@@ -1195,7 +1560,7 @@ impl Store for DirStore {
                                 std::ptr::addr_of_mut!(self.ops[slot].statx).cast::<types::statx>();
                             let e = opcode::Statx::new(types::Fd(fd), c"".as_ptr(), buf)
                                 .flags(libc::AT_EMPTY_PATH)
-                                .mask(libc::STATX_BASIC_STATS | libc::STATX_BTIME)
+                                .mask(STATX_MASK)
                                 .build();
                             match self.push_op(slot, e) {
                                 Ok(()) => Poll::Pending,
@@ -1264,6 +1629,7 @@ impl Store for DirStore {
             None => match self.files.get(h) {
                 Err(e) => Poll::Ready(Err(e)),
                 Ok(f) if f.is_dir => Poll::Ready(Err(StoreError::IsADirectory)),
+                Ok(f) if !f.writable => Poll::Ready(Err(StoreError::Io(libc::EACCES))),
                 Ok(f) if !self.caps.ftruncate => {
                     // No IORING_OP_FTRUNCATE (Linux < 6.9): the plain call.
                     let size = libc::off_t::try_from(size).unwrap_or(libc::off_t::MAX);
@@ -1302,15 +1668,48 @@ impl Store for DirStore {
 
     /// Operations in flight on `h` keep the file alive in the kernel; their
     /// results are still collected (a READ or WRITE not yet resubmitted
-    /// after a short transfer ends with what it has).
+    /// after a short transfer ends with what it has). A file marked for
+    /// deletion is unlinked in the background, unless another open of it
+    /// on this worker takes the mark over (see the module docs).
     fn close(&mut self, h: Handle) {
-        if let Ok(f) = self.files.remove(h) {
-            self.close_fd(f.fd);
-            self.close_fd(f.direct_fd);
+        let Ok(f) = self.files.remove(h) else {
+            return;
+        };
+        if f.delete_on_close {
+            let other = self.files.iter_mut().find(|(_, o)| o.key == f.key);
+            if let Some((_, other)) = other {
+                other.delete_on_close = true;
+            } else {
+                match unix_parts(&f.path) {
+                    Ok((parent, name)) => {
+                        self.start_unlink(Box::new(PathOp {
+                            act: PathAct::Unlink {
+                                is_dir: f.is_dir,
+                                fd: f.fd,
+                                direct_fd: f.direct_fd,
+                            },
+                            key: f.key,
+                            path: f.path,
+                            parent,
+                            name,
+                            how: types::OpenHow::new(),
+                            step: PathStep::OldParent,
+                            old_pfd: -1,
+                            new_pfd: -1,
+                            refreshed: false,
+                        }));
+                        return;
+                    }
+                    Err(_) => self.pending.remove(f.key),
+                }
+            }
         }
+        self.close_fd(f.fd);
+        self.close_fd(f.direct_fd);
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(Tag)) {
+        self.start_deferred();
         if self.in_flight == 0 && self.closes == 0 {
             return;
         }
@@ -1352,6 +1751,134 @@ impl Store for DirStore {
         let used = (st.f_blocks as u64).saturating_sub(st.f_bfree as u64);
         (used.saturating_mul(st.f_frsize as u64), None)
     }
+
+    /// Names by `getdents64(2)`, attributes by STATX through the ring (see
+    /// the module docs).
+    fn list(&mut self, tag: Tag, h: Handle) -> Poll<Vec<DirEntry>> {
+        if let Some(&slot) = self.tags.get(&tag) {
+            let slot = slot as usize;
+            let Some(result) = self.ops[slot].result else {
+                return Poll::Pending;
+            };
+            let out = match (result, &mut self.ops[slot].kind) {
+                (Ok(Out::Listed), Kind::List(op)) => Ok(std::mem::take(&mut op.entries)),
+                (Ok(_), _) => Err(StoreError::Io(libc::EINVAL)),
+                (Err(e), _) => Err(e),
+            };
+            self.tags.remove(&tag);
+            self.release_slot(slot);
+            return Poll::Ready(out);
+        }
+        match self.list_start(tag, h) {
+            Ok(Some(entries)) => Poll::Ready(Ok(entries)),
+            Ok(None) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// OPENAT2 of both parents, STATX checks, RENAMEAT (see the module
+    /// docs). Case-sensitive, as the directory is.
+    fn rename(&mut self, tag: Tag, h: Handle, new_path: &str, replace: bool) -> Poll<()> {
+        let p = match self.repeated(tag, false) {
+            Some(p) => p,
+            None => match self.rename_start(tag, h, new_path, replace) {
+                Ok(None) => Poll::Pending,
+                Ok(Some(out)) => Poll::Ready(Ok(out)),
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        };
+        narrow(p, |o| matches!(o, Out::Unit).then_some(()))
+    }
+
+    /// Marks or unmarks this worker's opens of the file; the file is
+    /// delete pending for every worker while marked (see the module docs).
+    /// A directory's emptiness is read with `getdents64(2)`.
+    fn set_delete_on_close(&mut self, h: Handle, on: bool) -> Result<(), StoreError> {
+        let f = self.files.get(h)?;
+        if f.path.is_empty() {
+            return Err(StoreError::Io(libc::EACCES));
+        }
+        let key = f.key;
+        if on {
+            if f.is_dir {
+                let mut empty = true;
+                for_each_dirent(f.fd, |_, _| {
+                    empty = false;
+                    false
+                })
+                .map_err(errno_error)?;
+                if !empty {
+                    return Err(StoreError::NotEmpty);
+                }
+            }
+            let marked = self
+                .files
+                .iter()
+                .any(|(_, o)| o.key == key && o.delete_on_close);
+            self.files.get_mut(h)?.delete_on_close = true;
+            if !marked {
+                self.pending.add(key);
+            }
+        } else {
+            let mut marked = false;
+            for (_, o) in self.files.iter_mut() {
+                if o.key == key && o.delete_on_close {
+                    o.delete_on_close = false;
+                    marked = true;
+                }
+            }
+            if marked {
+                self.pending.remove(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// `futimens(2)` at once; READONLY through a STATX then `fchmod(2)`
+    /// (see the module docs).
+    fn set_info(&mut self, tag: Tag, h: Handle, times: SetTimes, attrs: Option<u32>) -> Poll<()> {
+        let p = match self.repeated(tag, false) {
+            Some(p) => p,
+            None => match self.set_info_start(tag, h, times, attrs) {
+                Ok(None) => Poll::Pending,
+                Ok(Some(out)) => Poll::Ready(Ok(out)),
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        };
+        narrow(p, |o| matches!(o, Out::Unit).then_some(()))
+    }
+
+    /// `fstatvfs(2)` of the root (synchronous: no io_uring opcode).
+    fn fs_info(&self) -> FsInfo {
+        const SECTOR: u32 = 512;
+        // SAFETY: zeroed `statvfs` is valid; the root descriptor is open.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor and out-pointer.
+        let ok = unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut st) } == 0;
+        let unit = if st.f_frsize > 0 {
+            st.f_frsize as u64
+        } else {
+            st.f_bsize as u64
+        };
+        let block = u32::try_from(unit).unwrap_or(u32::MAX).max(SECTOR) / SECTOR * SECTOR;
+        let fsid = st.f_fsid as u64;
+        FsInfo {
+            total_bytes: if ok {
+                (st.f_blocks as u64).saturating_mul(unit)
+            } else {
+                0
+            },
+            free_bytes: if ok {
+                (st.f_bavail as u64).saturating_mul(unit)
+            } else {
+                0
+            },
+            block_size: block,
+            sector_size: SECTOR,
+            serial: (fsid ^ (fsid >> 32)) as u32,
+            label: self.label.clone(),
+        }
+    }
 }
 
 impl DirStore {
@@ -1367,6 +1894,9 @@ impl DirStore {
         match self.files.get(h) {
             Err(e) => return Poll::Ready(Err(e)),
             Ok(f) if f.is_dir => return Poll::Ready(Err(StoreError::IsADirectory)),
+            Ok(f) if data.is_some() && !f.writable => {
+                return Poll::Ready(Err(StoreError::Io(libc::EACCES)))
+            }
             Ok(_) => {}
         }
         if len == 0 {
@@ -1422,16 +1952,613 @@ impl DirStore {
     }
 }
 
+/// Metadata operations: listings, renames, unlinks at close, SET_INFO.
+impl DirStore {
+    /// Reads the names of the directory `h` and starts their STATXes;
+    /// `Some` when there is nothing to STATX.
+    fn list_start(&mut self, tag: Tag, h: Handle) -> Result<Option<Vec<DirEntry>>, StoreError> {
+        let file = self.files.get(h)?;
+        if !file.is_dir {
+            return Err(StoreError::NotADirectory);
+        }
+        // The STATXes outlive a close of `h`: they use their own
+        // descriptor (a synchronous fcntl, no I/O).
+        // SAFETY: an open descriptor of ours; the result is checked.
+        let dirfd = unsafe { libc::fcntl(file.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dirfd < 0 {
+            return Err(errno_error(last_errno()));
+        }
+        let mut names = Vec::new();
+        let read = for_each_dirent(dirfd, |name, d_type| {
+            if let Some(c) = listable(name, d_type).and_then(|n| CString::new(n).ok()) {
+                names.push(c);
+            }
+            true
+        });
+        if let Err(e) = read {
+            self.close_fd(dirfd);
+            return Err(errno_error(e));
+        }
+        if names.is_empty() {
+            self.close_fd(dirfd);
+            return Ok(Some(Vec::new()));
+        }
+        let n = names.len();
+        let op = ListOp {
+            dirfd,
+            names,
+            // SAFETY: `statx` is plain integers; all zeros is valid.
+            bufs: vec![unsafe { std::mem::zeroed() }; n],
+            res: vec![-libc::ENOENT; n],
+            next: 0,
+            outstanding: 0,
+            entries: Vec::new(),
+        };
+        let slot = match self.alloc_slot(tag, Kind::List(Box::new(op))) {
+            Ok(s) => s,
+            Err(e) => {
+                self.close_fd(dirfd);
+                return Err(e);
+            }
+        };
+        self.list_pump(slot);
+        if !self.ops[slot].awaiting {
+            self.tags.remove(&tag);
+            self.release_slot(slot);
+            return Err(StoreError::Busy);
+        }
+        Ok(None)
+    }
+
+    /// Submits STATXes of the listing in `slot` up to [`LIST_WINDOW`] in
+    /// flight; the slot is in flight while any is.
+    fn list_pump(&mut self, slot: usize) {
+        loop {
+            let Kind::List(op) = &mut self.ops[slot].kind else {
+                return;
+            };
+            if op.outstanding >= LIST_WINDOW || op.next >= op.names.len() {
+                break;
+            }
+            let i = op.next;
+            let buf = std::ptr::addr_of_mut!(op.bufs[i]).cast::<types::statx>();
+            let e = opcode::Statx::new(types::Fd(op.dirfd), op.names[i].as_ptr(), buf)
+                .flags(libc::AT_SYMLINK_NOFOLLOW)
+                .mask(STATX_MASK)
+                .build()
+                .user_data(slot as u64 | (i as u64 + 1) << SLOT_BITS);
+            if self.push(e).is_err() {
+                break;
+            }
+            if let Kind::List(op) = &mut self.ops[slot].kind {
+                op.next += 1;
+                op.outstanding += 1;
+            }
+        }
+        let busy = matches!(&self.ops[slot].kind, Kind::List(op) if op.outstanding > 0);
+        if busy && !self.ops[slot].awaiting {
+            self.ops[slot].awaiting = true;
+            self.in_flight += 1;
+        }
+    }
+
+    /// The CQE of entry `i` of the listing in `slot`.
+    fn list_cqe(&mut self, slot: usize, i: usize, res: i32, done: &mut dyn FnMut(Tag)) {
+        let cancelled = self.ops[slot].cancelled;
+        let Kind::List(op) = &mut self.ops[slot].kind else {
+            return;
+        };
+        if i >= op.res.len() || op.outstanding == 0 {
+            return;
+        }
+        op.res[i] = res;
+        op.outstanding -= 1;
+        if cancelled {
+            op.next = op.names.len();
+        } else {
+            self.list_pump(slot);
+        }
+        let Kind::List(op) = &mut self.ops[slot].kind else {
+            return;
+        };
+        if op.outstanding > 0 {
+            return;
+        }
+        let complete = op.next >= op.names.len();
+        self.ops[slot].awaiting = false;
+        self.in_flight -= 1;
+        if cancelled {
+            self.release_slot(slot);
+            return;
+        }
+        let result = if complete {
+            self.list_finish(slot);
+            Ok(Out::Listed)
+        } else {
+            // The ring refused every further STATX.
+            Err(StoreError::Busy)
+        };
+        self.ops[slot].result = Some(result);
+        done(self.ops[slot].tag);
+    }
+
+    /// Builds the sorted snapshot of a listing whose STATXes are done.
+    fn list_finish(&mut self, slot: usize) {
+        let Kind::List(op) = &mut self.ops[slot].kind else {
+            return;
+        };
+        let mut entries = Vec::with_capacity(op.names.len());
+        for ((name, st), &res) in op.names.iter().zip(&op.bufs).zip(&op.res) {
+            let kind = u32::from(st.stx_mode) & libc::S_IFMT;
+            if res < 0 || (kind != libc::S_IFREG && kind != libc::S_IFDIR) {
+                // Gone since it was read, a symlink or a special file.
+                continue;
+            }
+            let Ok(name) = name.to_str() else {
+                continue;
+            };
+            let mut info = info_from_statx(st);
+            info.delete_pending = self.pending.contains(key_of(st));
+            entries.push(DirEntry {
+                name: name.to_owned(),
+                info,
+            });
+        }
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        op.entries = entries;
+    }
+
+    fn rename_start(
+        &mut self,
+        tag: Tag,
+        h: Handle,
+        new_path: &str,
+        replace: bool,
+    ) -> Result<Option<Out>, StoreError> {
+        let f = self.files.get(h)?;
+        if new_path.is_empty() || !valid_path(new_path) {
+            return Err(StoreError::InvalidName);
+        }
+        if f.path.is_empty() {
+            return Err(StoreError::Io(libc::EACCES));
+        }
+        let new_path = new_path.replace('\\', "/");
+        if new_path == f.path {
+            return Ok(Some(Out::Unit));
+        }
+        let (parent, name) = unix_parts(&f.path)?;
+        let (new_parent, new_name) = unix_parts(&new_path)?;
+        let op = PathOp {
+            act: PathAct::Rename {
+                h,
+                new_path,
+                new_parent,
+                new_name,
+                replace,
+            },
+            key: f.key,
+            path: f.path.clone(),
+            parent,
+            name,
+            how: types::OpenHow::new(),
+            step: PathStep::OldParent,
+            old_pfd: -1,
+            new_pfd: -1,
+            refreshed: false,
+        };
+        let slot = self.alloc_slot(tag, Kind::Path(Box::new(op)))?;
+        match self.path_begin(slot) {
+            None => Ok(None),
+            Some(result) => {
+                self.tags.remove(&tag);
+                self.release_slot(slot);
+                result.map(Some)
+            }
+        }
+    }
+
+    /// Starts the unlink of a closed delete-on-close file, without a tag
+    /// (its result is dropped); waits for a slot if none is free.
+    fn start_unlink(&mut self, op: Box<PathOp>) {
+        let Some(slot) = self.free_ops.pop() else {
+            self.deferred.push(*op);
+            return;
+        };
+        let slot = slot as usize;
+        let s = &mut self.ops[slot];
+        s.tag = 0;
+        s.kind = Kind::Path(op);
+        s.awaiting = false;
+        s.cancelled = true;
+        s.result = None;
+        if self.path_begin(slot).is_some() {
+            self.release_slot(slot);
+        }
+    }
+
+    /// Starts the unlinks that waited for a slot.
+    fn start_deferred(&mut self) {
+        while !self.free_ops.is_empty() {
+            let Some(op) = self.deferred.pop() else {
+                return;
+            };
+            self.start_unlink(Box::new(op));
+        }
+    }
+
+    fn path_op(&mut self, slot: usize) -> &mut PathOp {
+        match &mut self.ops[slot].kind {
+            Kind::Path(op) => op,
+            _ => unreachable!("slot {slot} holds no path operation"),
+        }
+    }
+
+    /// Issues the first step of the path operation in `slot` and runs it
+    /// as far as it goes; `Some` when finished.
+    fn path_begin(&mut self, slot: usize) -> Option<Result<Out, StoreError>> {
+        match self.path_submit(slot) {
+            Ok(None) => None,
+            Ok(Some(res)) => self.path_advance(slot, res),
+            Err(e) => Some(Err(self.path_end(slot, e))),
+        }
+    }
+
+    /// Runs the path operation in `slot` from the result `res` of its
+    /// current step until a step is in flight or it is finished.
+    fn path_advance(&mut self, slot: usize, res: i32) -> Option<Result<Out, StoreError>> {
+        let mut res = res;
+        loop {
+            match self.path_transition(slot, res) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.path_finish(slot);
+                    return Some(Ok(self.path_end(slot, Out::Unit)));
+                }
+                Err(e) => return Some(Err(self.path_end(slot, e))),
+            }
+            match self.path_submit(slot) {
+                Ok(None) => return None,
+                Ok(Some(r)) => res = r,
+                Err(e) => return Some(Err(self.path_end(slot, e))),
+            }
+        }
+    }
+
+    /// Closes the parent descriptors of a finished path operation; returns
+    /// `v`.
+    fn path_end<V>(&mut self, slot: usize, v: V) -> V {
+        let op = self.path_op(slot);
+        let fds = [op.old_pfd, op.new_pfd];
+        (op.old_pfd, op.new_pfd) = (-1, -1);
+        for fd in fds {
+            self.close_fd(fd);
+        }
+        v
+    }
+
+    /// Issues the SQE of the current step of the path operation in `slot`.
+    /// `Ok(Some(res))` when the step ran at once (a plain-syscall
+    /// fallback).
+    fn path_submit(&mut self, slot: usize) -> Result<Option<i32>, StoreError> {
+        let root = self.root.as_raw_fd();
+        let caps = self.caps;
+        let statx_buf = std::ptr::addr_of_mut!(self.ops[slot].statx).cast::<types::statx>();
+        let op = self.path_op(slot);
+        let open_parent = |op: &mut PathOp, path: *const libc::c_char| {
+            op.how = types::OpenHow::new()
+                .flags((libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64)
+                .resolve(RESOLVE);
+            opcode::OpenAt2::new(types::Fd(root), path, &op.how).build()
+        };
+        let entry = match (op.step, &op.act) {
+            (PathStep::OldParent, _) => {
+                let path = op.parent.as_ptr();
+                open_parent(op, path)
+            }
+            (PathStep::NewParent, PathAct::Rename { new_parent, .. }) => {
+                let path = new_parent.as_ptr();
+                open_parent(op, path)
+            }
+            (PathStep::Verify, _) => {
+                opcode::Statx::new(types::Fd(op.old_pfd), op.name.as_ptr(), statx_buf)
+                    .flags(libc::AT_SYMLINK_NOFOLLOW)
+                    .mask(libc::STATX_TYPE | libc::STATX_INO)
+                    .build()
+            }
+            (PathStep::Target, PathAct::Rename { new_name, .. }) => {
+                opcode::Statx::new(types::Fd(op.new_pfd), new_name.as_ptr(), statx_buf)
+                    .flags(libc::AT_SYMLINK_NOFOLLOW)
+                    .mask(libc::STATX_TYPE | libc::STATX_INO)
+                    .build()
+            }
+            (
+                PathStep::Act,
+                PathAct::Rename {
+                    new_name, replace, ..
+                },
+            ) => {
+                let flags = if *replace { 0 } else { libc::RENAME_NOREPLACE };
+                if !caps.renameat {
+                    // No IORING_OP_RENAMEAT (Linux < 5.11): the plain call.
+                    // SAFETY: valid descriptors and NUL-terminated names.
+                    let r = unsafe {
+                        libc::renameat2(
+                            op.old_pfd,
+                            op.name.as_ptr(),
+                            op.new_pfd,
+                            new_name.as_ptr(),
+                            flags,
+                        )
+                    };
+                    return Ok(Some(if r < 0 { -last_errno() } else { 0 }));
+                }
+                opcode::RenameAt::new(
+                    types::Fd(op.old_pfd),
+                    op.name.as_ptr(),
+                    types::Fd(op.new_pfd),
+                    new_name.as_ptr(),
+                )
+                .flags(flags)
+                .build()
+            }
+            (PathStep::Act, PathAct::Unlink { is_dir, .. }) => {
+                let flags = if *is_dir { libc::AT_REMOVEDIR } else { 0 };
+                if !caps.unlinkat {
+                    // No IORING_OP_UNLINKAT (Linux < 5.11): the plain call.
+                    // SAFETY: a valid descriptor and NUL-terminated name.
+                    let r = unsafe { libc::unlinkat(op.old_pfd, op.name.as_ptr(), flags) };
+                    return Ok(Some(if r < 0 { -last_errno() } else { 0 }));
+                }
+                opcode::UnlinkAt::new(types::Fd(op.old_pfd), op.name.as_ptr())
+                    .flags(flags)
+                    .build()
+            }
+            // Steps only a rename has.
+            (PathStep::NewParent | PathStep::Target, PathAct::Unlink { .. }) => {
+                return Err(StoreError::Io(libc::EINVAL))
+            }
+        };
+        self.push_op(slot, entry)?;
+        Ok(None)
+    }
+
+    /// Applies the result of the current step: `Ok(true)` when a next step
+    /// must be issued, `Ok(false)` when the rename or unlink is done.
+    fn path_transition(&mut self, slot: usize, res: i32) -> Result<bool, StoreError> {
+        let err = -res;
+        let (found, found_dir) = {
+            let st = &self.ops[slot].statx;
+            (
+                key_of(st),
+                u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR,
+            )
+        };
+        let op = self.path_op(slot);
+        let renaming = matches!(op.act, PathAct::Rename { .. });
+        match op.step {
+            PathStep::OldParent if res >= 0 => {
+                op.old_pfd = res;
+                // After a refresh the new parent is open already.
+                op.step = if renaming && op.new_pfd < 0 {
+                    PathStep::NewParent
+                } else {
+                    PathStep::Verify
+                };
+            }
+            PathStep::OldParent => match err {
+                // The old name's directories moved or were replaced.
+                libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV => {
+                    return self.path_stale(slot)
+                }
+                e => return Err(errno_error(e)),
+            },
+            PathStep::NewParent if res >= 0 => {
+                op.new_pfd = res;
+                op.step = PathStep::Verify;
+            }
+            PathStep::NewParent => {
+                return Err(match err {
+                    libc::ENOENT | libc::ENOTDIR => StoreError::PathNotFound,
+                    // ELOOP, EXDEV: a symlink or `..` escape (InvalidName).
+                    e => errno_error(e),
+                });
+            }
+            PathStep::Verify => {
+                if res < 0 && err != libc::ENOENT {
+                    return Err(errno_error(err));
+                }
+                if res < 0 || found != op.key {
+                    return self.path_stale(slot);
+                }
+                let replace = matches!(op.act, PathAct::Rename { replace: true, .. });
+                op.step = if replace {
+                    PathStep::Target
+                } else {
+                    PathStep::Act
+                };
+            }
+            PathStep::Target => {
+                if res < 0 && err != libc::ENOENT {
+                    return Err(errno_error(err));
+                }
+                if res >= 0 && found_dir && found != op.key {
+                    // [MS-FSA] 2.1.5.14.11: a directory is never replaced.
+                    return Err(StoreError::Io(libc::EACCES));
+                }
+                op.step = PathStep::Act;
+            }
+            PathStep::Act => {
+                if res >= 0 {
+                    return Ok(false);
+                }
+                return Err(match err {
+                    libc::EEXIST => StoreError::Exists,
+                    libc::ENOENT => StoreError::NotFound,
+                    // A directory target (appeared since the STATX), or a
+                    // directory replacing a file.
+                    libc::ENOTEMPTY | libc::EISDIR | libc::ENOTDIR if renaming => {
+                        StoreError::Io(libc::EACCES)
+                    }
+                    libc::ENOTEMPTY => StoreError::NotEmpty,
+                    // Another mount beneath the root; a directory beneath
+                    // itself.
+                    libc::EXDEV | libc::EINVAL => StoreError::Io(err),
+                    e => errno_error(e),
+                });
+            }
+        }
+        Ok(true)
+    }
+
+    /// The old name no longer leads to the file: read its path back from
+    /// /proc once and start over from there, else `NotFound`.
+    fn path_stale(&mut self, slot: usize) -> Result<bool, StoreError> {
+        let fd = match self.path_op(slot).act {
+            PathAct::Rename { h, .. } => self.files.get(h).map_or(-1, |f| f.fd),
+            PathAct::Unlink { fd, .. } => fd,
+        };
+        let op = self.path_op(slot);
+        if op.refreshed {
+            return Err(StoreError::NotFound);
+        }
+        op.refreshed = true;
+        let fresh = match self.current_path(fd) {
+            Some(p) if !p.is_empty() && p != self.path_op(slot).path => p,
+            _ => return Err(StoreError::NotFound),
+        };
+        let (parent, name) = unix_parts(&fresh)?;
+        let op = self.path_op(slot);
+        (op.path, op.parent, op.name) = (fresh, parent, name);
+        op.step = PathStep::OldParent;
+        let old = std::mem::replace(&mut op.old_pfd, -1);
+        self.close_fd(old);
+        Ok(true)
+    }
+
+    /// The share-relative path `fd` has now, from /proc/self/fd (see the
+    /// module docs); None if it is unlinked, outside the root or not a
+    /// valid share path.
+    fn current_path(&self, fd: RawFd) -> Option<String> {
+        if fd < 0 {
+            return None;
+        }
+        let link = |fd: RawFd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
+        let root = link(self.root.as_raw_fd())?;
+        let file = link(fd)?;
+        let rel = file.strip_prefix(&root).ok()?.to_str()?;
+        let valid = !rel.contains('\\') && valid_path(&rel.replace('/', "\\"));
+        (valid && !rel.ends_with(" (deleted)")).then(|| rel.to_owned())
+    }
+
+    /// A rename is done: this worker's opens at or beneath the old name
+    /// follow it.
+    fn path_finish(&mut self, slot: usize) {
+        let op = self.path_op(slot);
+        let PathAct::Rename { h, new_path, .. } = &op.act else {
+            return;
+        };
+        let (h, key, old, new) = (*h, op.key, op.path.clone(), new_path.clone());
+        for (oh, f) in self.files.iter_mut() {
+            if oh == h || (f.path == old && f.key == key) {
+                f.path.clone_from(&new);
+            } else if let Some(rest) = f.path.strip_prefix(old.as_str()) {
+                if rest.starts_with('/') {
+                    f.path = format!("{new}{rest}");
+                }
+            }
+        }
+    }
+
+    /// Sets the times at once; starts the STATX of a READONLY change.
+    fn set_info_start(
+        &mut self,
+        tag: Tag,
+        h: Handle,
+        times: SetTimes,
+        attrs: Option<u32>,
+    ) -> Result<Option<Out>, StoreError> {
+        let f = self.files.get(h)?;
+        let spec = |t: Option<u64>| match SetTimes::effective(t) {
+            Some(ft) => {
+                let (secs, nanos) = unix_from_filetime(ft);
+                libc::timespec {
+                    tv_sec: secs as libc::time_t,
+                    tv_nsec: nanos as libc::c_long,
+                }
+            }
+            None => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+        };
+        let ts = [spec(times.last_access), spec(times.last_write)];
+        if ts.iter().any(|t| t.tv_nsec != libc::UTIME_OMIT) {
+            // No io_uring opcode sets times: futimens(2) (module docs).
+            // SAFETY: an open descriptor of ours and two timespecs.
+            if unsafe { libc::futimens(f.fd, ts.as_ptr()) } < 0 {
+                return Err(errno_error(last_errno()));
+            }
+        }
+        // [MS-FSA] 2.1.5.14.2: FileAttributes 0 leaves them unchanged;
+        // READONLY alone is kept, on files only.
+        let Some(a) = attrs.filter(|&a| a != 0 && !f.is_dir) else {
+            return Ok(Some(Out::Unit));
+        };
+        let fd = f.fd;
+        let read_only = a & attributes::READONLY != 0;
+        let slot = self.alloc_slot(tag, Kind::Chmod { h, read_only })?;
+        let buf = std::ptr::addr_of_mut!(self.ops[slot].statx).cast::<types::statx>();
+        let e = opcode::Statx::new(types::Fd(fd), c"".as_ptr(), buf)
+            .flags(libc::AT_EMPTY_PATH)
+            .mask(libc::STATX_MODE)
+            .build();
+        match self.push_op(slot, e) {
+            Ok(()) => Ok(None),
+            Err(e) => {
+                self.tags.remove(&tag);
+                self.release_slot(slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// READONLY as the write bits of `mode` (module docs).
+    fn chmod_finish(&self, h: Handle, read_only: bool, mode: u32) -> Result<Out, StoreError> {
+        let f = self.files.get(h)?;
+        let mode = mode & 0o7777;
+        let new = if read_only {
+            mode & !0o222
+        } else {
+            mode | 0o200
+        };
+        if new != mode {
+            // No io_uring opcode changes a mode: fchmod(2) (module docs).
+            // SAFETY: an open descriptor of ours.
+            if unsafe { libc::fchmod(f.fd, new) } < 0 {
+                return Err(errno_error(last_errno()));
+            }
+        }
+        Ok(Out::Unit)
+    }
+}
+
 impl Drop for DirStore {
-    /// Waits (bounded) for operations the kernel still runs, closes every
-    /// open file. If the kernel has not finished by then, the staging slab
+    /// Closes every open file (unlinking those marked for deletion), waits
+    /// (bounded) for operations the kernel still runs. If the kernel has not finished by then, the staging slab
     /// and the slot table are leaked rather than unmapped under it.
     fn drop(&mut self) {
+        // Closing deletes what is marked for deletion, as a CLOSE would.
+        let open: Vec<Handle> = self.files.iter().map(|(h, _)| h).collect();
+        for h in open {
+            self.close(h);
+        }
         let deadline = Instant::now() + DROP_WAIT;
-        while (self.in_flight > 0 || self.closes > 0) && Instant::now() < deadline {
+        let busy = |s: &Self| s.in_flight > 0 || s.closes > 0 || !s.deferred.is_empty();
+        while busy(self) && Instant::now() < deadline {
             let _ = self.ring.submit();
             self.reap(&mut |_| {});
-            if self.in_flight > 0 || self.closes > 0 {
+            self.start_deferred();
+            if busy(self) {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
@@ -1880,6 +3007,383 @@ mod tests {
         s.close(h);
         assert_idle(&s);
         assert!(s.usage().0 > 0 && s.usage().1.is_none());
+    }
+
+    /// Polls until nothing is in flight (background unlinks and closes).
+    fn settle(s: &mut DirStore) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.in_flight() > 0 || s.closes > 0 || !s.deferred.is_empty() {
+            s.poll(&mut |_| {});
+            assert!(Instant::now() < deadline, "background work never finished");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn rename(s: &mut DirStore, h: Handle, to: &str, replace: bool) -> Result<(), StoreError> {
+        drive(s, 7, |s| s.rename(7, h, to, replace))
+    }
+
+    fn list(s: &mut DirStore, h: Handle) -> Result<Vec<DirEntry>, StoreError> {
+        drive(s, 8, |s| s.list(8, h))
+    }
+
+    fn root(s: &mut DirStore) -> Handle {
+        mkdir(s, "", Disposition::Open).unwrap().0
+    }
+
+    #[test]
+    fn rename_refuses_an_existing_target_unless_replacing() {
+        let dir = TempDir::new("rename");
+        let mut s = store(&dir, false);
+        for ring in [true, false] {
+            // Through IORING_OP_RENAMEAT, then through renameat2(2).
+            s.caps.renameat = ring && s.caps.renameat;
+            let (a, _) = open(&mut s, "a", Disposition::OverwriteIf).unwrap();
+            write(&mut s, a, 0, b"from a").unwrap();
+            let (b, _) = open(&mut s, "b", Disposition::OverwriteIf).unwrap();
+            write(&mut s, b, 0, b"from b").unwrap();
+            s.close(b);
+            let ino = drive(&mut s, 4, |s| s.stat(4, a)).unwrap().file_id;
+            assert_eq!(rename(&mut s, a, "b", false), Err(StoreError::Exists));
+            assert_eq!(rename(&mut s, a, "b", true), Ok(()));
+            assert_eq!(std::fs::read(dir.0.join("b")).unwrap(), b"from a");
+            assert!(!dir.0.join("a").exists());
+            // The handle names the file under its new name.
+            assert_eq!(s.files.get(a).unwrap().path, "b");
+            assert_eq!(drive(&mut s, 4, |s| s.stat(4, a)).unwrap().file_id, ino);
+            write(&mut s, a, 6, b"!").unwrap();
+            assert_eq!(std::fs::read(dir.0.join("b")).unwrap(), b"from a!");
+            // Onto its own name: nothing to do.
+            assert_eq!(rename(&mut s, a, "b", false), Ok(()));
+            s.close(a);
+        }
+        let r = root(&mut s);
+        assert_eq!(
+            rename(&mut s, r, "x", false),
+            Err(StoreError::Io(libc::EACCES))
+        );
+        s.close(r);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn rename_across_directories_carries_open_paths_along() {
+        let dir = TempDir::new("rename-dirs");
+        let mut s = store(&dir, false);
+        let (d1, _) = mkdir(&mut s, "d1", Disposition::Create).unwrap();
+        let (d2, _) = mkdir(&mut s, "d2", Disposition::Create).unwrap();
+        let (f, _) = open(&mut s, "d1\\f", Disposition::Create).unwrap();
+        write(&mut s, f, 0, b"x").unwrap();
+        assert_eq!(
+            rename(&mut s, f, "missing\\f", false),
+            Err(StoreError::PathNotFound)
+        );
+        assert_eq!(rename(&mut s, f, "d2\\g", false), Ok(()));
+        assert!(dir.0.join("d2/g").is_file() && !dir.0.join("d1/f").exists());
+        // Moving a directory moves the paths of the opens beneath it.
+        assert_eq!(rename(&mut s, d2, "d1\\sub", false), Ok(()));
+        assert_eq!(s.files.get(f).unwrap().path, "d1/sub/g");
+        assert_eq!(
+            rename(&mut s, d1, "d1\\sub\\x", false),
+            Err(StoreError::Io(libc::EINVAL)),
+            "not beneath itself"
+        );
+        // A directory target is never replaced, empty or not.
+        let (e, _) = mkdir(&mut s, "e", Disposition::Create).unwrap();
+        assert_eq!(
+            rename(&mut s, f, "e", true),
+            Err(StoreError::Io(libc::EACCES))
+        );
+        assert_eq!(
+            rename(&mut s, e, "d1", true),
+            Err(StoreError::Io(libc::EACCES))
+        );
+        assert_eq!(rename(&mut s, f, "d1", false), Err(StoreError::Exists));
+        // The tracked path is right: delete on close finds the file.
+        s.set_delete_on_close(f, true).unwrap();
+        s.close(f);
+        settle(&mut s);
+        assert!(!dir.0.join("d1/sub/g").exists());
+        for h in [d1, d2, e] {
+            s.close(h);
+        }
+        settle(&mut s);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn rename_targets_stay_beneath_the_root() {
+        let dir = TempDir::new("rename-confine");
+        let outside = TempDir::new("rename-outside");
+        std::fs::write(outside.0.join("secret"), b"keep").unwrap();
+        std::os::unix::fs::symlink(&outside.0, dir.0.join("out")).unwrap();
+        std::os::unix::fs::symlink(outside.0.join("secret"), dir.0.join("s")).unwrap();
+        let mut s = store(&dir, false);
+        let (f, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        write(&mut s, f, 0, b"mine").unwrap();
+        let invalid = Err(StoreError::InvalidName);
+        assert_eq!(rename(&mut s, f, "out\\f", true), invalid);
+        assert_eq!(rename(&mut s, f, "..\\f", true), invalid);
+        assert_eq!(rename(&mut s, f, "a\\..\\..\\f", true), invalid);
+        assert_eq!(rename(&mut s, f, "/tmp/f", true), invalid);
+        assert_eq!(rename(&mut s, f, "", true), invalid);
+        // A symlink target is replaced, never followed.
+        assert_eq!(rename(&mut s, f, "s", false), Err(StoreError::Exists));
+        assert_eq!(rename(&mut s, f, "s", true), Ok(()));
+        let meta = std::fs::symlink_metadata(dir.0.join("s")).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(std::fs::read(dir.0.join("s")).unwrap(), b"mine");
+        assert_eq!(std::fs::read(outside.0.join("secret")).unwrap(), b"keep");
+        assert_eq!(std::fs::read_dir(&outside.0).unwrap().count(), 1);
+        s.close(f);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn a_stale_path_is_read_back_from_proc() {
+        let dir = TempDir::new("stale-path");
+        let f1 = DirStoreFactory::with_staging(&dir.0, false, 4 << 20).unwrap();
+        let mut s = f1.store().unwrap();
+        let mut other = f1.store().unwrap();
+        let (h, _) = open(&mut s, "a", Disposition::Create).unwrap();
+        let (h2, _) = open(&mut other, "a", Disposition::Open).unwrap();
+        // Renamed through another worker, then outside the server.
+        assert_eq!(rename(&mut other, h2, "b", false), Ok(()));
+        assert_eq!(rename(&mut s, h, "c", false), Ok(()));
+        assert!(dir.0.join("c").is_file());
+        std::fs::rename(dir.0.join("c"), dir.0.join("d")).unwrap();
+        s.set_delete_on_close(h, true).unwrap();
+        // Delete pending for every worker of the factory.
+        assert_eq!(
+            open(&mut other, "d", Disposition::Open),
+            Err(StoreError::DeletePending)
+        );
+        s.close(h);
+        settle(&mut s);
+        assert_eq!(
+            std::fs::read_dir(&dir.0).unwrap().count(),
+            0,
+            "d was unlinked"
+        );
+        other.close(h2);
+        settle(&mut other);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn listing_a_thousand_files_is_sorted_and_skips_what_cannot_be_named() {
+        let dir = TempDir::new("list");
+        let many = dir.0.join("many");
+        std::fs::create_dir(&many).unwrap();
+        for i in 0..1000u32 {
+            std::fs::write(many.join(format!("f{:04}", (i * 7919) % 1000)), b"").unwrap();
+        }
+        std::fs::create_dir(many.join("Sub")).unwrap();
+        std::fs::write(many.join("big"), vec![1; 5000]).unwrap();
+        std::os::unix::fs::symlink("big", many.join("link")).unwrap();
+        std::fs::write(many.join("back\\slash"), b"").unwrap();
+        std::fs::write(many.join("co:lon"), b"").unwrap();
+        let mut s = store(&dir, false);
+        let (d, _) = mkdir(&mut s, "many", Disposition::Open).unwrap();
+        let entries = list(&mut s, d).unwrap();
+        assert_eq!(
+            entries.len(),
+            1002,
+            "files, Sub and big; no link, no odd names"
+        );
+        assert!(entries.windows(2).all(|w| w[0].name < w[1].name), "sorted");
+        assert_eq!(entries[0].name, "Sub");
+        assert!(entries[0].info.is_dir);
+        assert_eq!(entries[0].info.attributes, attributes::DIRECTORY);
+        assert_eq!(entries[1].name, "big");
+        assert_eq!(entries[1].info.size, 5000);
+        assert_eq!(entries[1].info.attributes, attributes::NORMAL);
+        assert_eq!(
+            (entries[2].name.as_str(), entries[1001].name.as_str()),
+            ("f0000", "f0999")
+        );
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(many.join("big")).unwrap().ino();
+        assert_eq!((entries[1].info.file_id, entries[1].info.nlink), (ino, 1));
+        // Twice on the same handle: the same snapshot.
+        assert_eq!(list(&mut s, d).unwrap(), entries);
+        let (f, _) = open(&mut s, "many\\big", Disposition::Open).unwrap();
+        assert_eq!(list(&mut s, f), Err(StoreError::NotADirectory));
+        let (e, _) = mkdir(&mut s, "empty", Disposition::Create).unwrap();
+        assert_eq!(list(&mut s, e), Ok(Vec::new()));
+        // A listing cancelled in flight leaks nothing.
+        assert_eq!(s.list(20, d), Poll::Pending);
+        s.cancel(20);
+        settle(&mut s);
+        for h in [d, f, e] {
+            s.close(h);
+        }
+        settle(&mut s);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn delete_on_close_waits_for_the_last_handle() {
+        let dir = TempDir::new("doc");
+        let mut s = store(&dir, false);
+        for ring in [true, false] {
+            // Through IORING_OP_UNLINKAT, then through unlinkat(2).
+            s.caps.unlinkat = ring && s.caps.unlinkat;
+            let (h1, _) = open(&mut s, "doomed", Disposition::Create).unwrap();
+            let (h2, _) = open(&mut s, "doomed", Disposition::Open).unwrap();
+            write(&mut s, h1, 0, b"bye").unwrap();
+            assert_eq!(s.set_delete_on_close(h1, true), Ok(()));
+            assert_eq!(
+                open(&mut s, "doomed", Disposition::OpenIf),
+                Err(StoreError::DeletePending)
+            );
+            assert!(drive(&mut s, 4, |s| s.stat(4, h2)).unwrap().delete_pending);
+            let r = root(&mut s);
+            let listed = list(&mut s, r).unwrap();
+            assert!(listed.len() == 1 && listed[0].info.delete_pending);
+            s.close(h1);
+            settle(&mut s);
+            assert!(dir.0.join("doomed").exists(), "h2 is still open");
+            assert_eq!(
+                open(&mut s, "doomed", Disposition::Open),
+                Err(StoreError::DeletePending)
+            );
+            assert_eq!(read(&mut s, h2, 0, 10).unwrap(), b"bye");
+            s.close(h2);
+            settle(&mut s);
+            assert!(!dir.0.join("doomed").exists(), "gone at the last close");
+            let (h3, a) = open(&mut s, "doomed", Disposition::OpenIf).unwrap();
+            assert_eq!(a, Action::Created);
+            // Unmarked before the close: kept.
+            s.set_delete_on_close(h3, true).unwrap();
+            s.set_delete_on_close(h3, false).unwrap();
+            s.close(h3);
+            settle(&mut s);
+            assert!(dir.0.join("doomed").exists());
+            std::fs::remove_file(dir.0.join("doomed")).unwrap();
+            assert_eq!(
+                s.set_delete_on_close(r, true),
+                Err(StoreError::Io(libc::EACCES))
+            );
+            s.close(r);
+        }
+        assert!(s.pending.lock().is_empty());
+        settle(&mut s);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn delete_on_close_of_empty_and_non_empty_directories() {
+        let dir = TempDir::new("doc-dirs");
+        let mut s = store(&dir, false);
+        let (full, _) = mkdir(&mut s, "full", Disposition::Create).unwrap();
+        let (f, _) = open(&mut s, "full\\f", Disposition::Create).unwrap();
+        assert_eq!(s.set_delete_on_close(full, true), Err(StoreError::NotEmpty));
+        s.set_delete_on_close(f, true).unwrap();
+        s.close(f);
+        settle(&mut s);
+        assert_eq!(s.set_delete_on_close(full, true), Ok(()));
+        assert_eq!(
+            mkdir(&mut s, "full", Disposition::Open),
+            Err(StoreError::DeletePending)
+        );
+        s.close(full);
+        let (empty, _) = mkdir(&mut s, "empty", Disposition::Create).unwrap();
+        s.set_delete_on_close(empty, true).unwrap();
+        s.close(empty);
+        settle(&mut s);
+        assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 0);
+        // Dropping a store closes its opens, deleting what is marked.
+        let (g, _) = open(&mut s, "g", Disposition::Create).unwrap();
+        s.set_delete_on_close(g, true).unwrap();
+        drop(s);
+        assert!(!dir.0.join("g").exists());
+    }
+
+    #[test]
+    fn set_info_times_and_readonly_show_in_stat() {
+        let dir = TempDir::new("set-info");
+        let mut s = store(&dir, false);
+        let (h, _) = open(&mut s, "t", Disposition::Create).unwrap();
+        let before = drive(&mut s, 4, |s| s.stat(4, h)).unwrap();
+        assert_eq!(before.attributes, attributes::NORMAL);
+        // 2001-01-01 and a second later, with 100 ns resolution.
+        let (atime, mtime) = (126_227_808_000_000_000, 126_227_808_010_000_001);
+        let times = SetTimes {
+            creation: Some(5),
+            last_access: Some(atime),
+            last_write: Some(mtime),
+            change: Some(7),
+        };
+        assert_eq!(drive(&mut s, 9, |s| s.set_info(9, h, times, None)), Ok(()));
+        let after = drive(&mut s, 4, |s| s.stat(4, h)).unwrap();
+        assert_eq!(
+            (after.last_access_time, after.last_write_time),
+            (atime, mtime)
+        );
+        assert_eq!(after.creation_time, before.creation_time, "cannot be set");
+        let keep = SetTimes {
+            last_access: Some(0),
+            last_write: Some(u64::MAX),
+            ..SetTimes::default()
+        };
+        assert_eq!(
+            drive(&mut s, 9, |s| s.set_info(9, h, keep, Some(0))),
+            Ok(())
+        );
+        let same = drive(&mut s, 4, |s| s.stat(4, h)).unwrap();
+        assert_eq!(
+            (same.last_access_time, same.last_write_time),
+            (atime, mtime)
+        );
+        // READONLY is the mode's write bits.
+        let ro = attributes::READONLY | attributes::HIDDEN;
+        let none = SetTimes::default();
+        assert_eq!(
+            drive(&mut s, 9, |s| s.set_info(9, h, none, Some(ro))),
+            Ok(())
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.0.join("t"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o222, 0);
+        let info = drive(&mut s, 4, |s| s.stat(4, h)).unwrap();
+        assert_eq!(info.attributes, attributes::READONLY, "HIDDEN is not kept");
+        let normal = Some(attributes::NORMAL);
+        assert_eq!(drive(&mut s, 9, |s| s.set_info(9, h, none, normal)), Ok(()));
+        let mode = std::fs::metadata(dir.0.join("t"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o200, 0o200);
+        assert_eq!(
+            drive(&mut s, 4, |s| s.stat(4, h)).unwrap().attributes,
+            attributes::NORMAL
+        );
+        s.close(h);
+        assert_eq!(
+            s.set_info(9, h, times, None),
+            Poll::Ready(Err(StoreError::Closed))
+        );
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn fs_info_describes_the_root_file_system() {
+        let dir = TempDir::new("fs-info");
+        let s = store(&dir, false);
+        let fs = s.fs_info();
+        assert!(
+            fs.total_bytes > 0 && fs.free_bytes <= fs.total_bytes,
+            "{fs:?}"
+        );
+        assert_eq!(fs.sector_size, 512);
+        assert!(fs.block_size >= 512 && fs.block_size % 512 == 0, "{fs:?}");
+        assert!(fs.label.starts_with("smbdirectd-dirstore-"), "{fs:?}");
+        assert!(fs.label.encode_utf16().count() <= 32);
+        assert_eq!(volume_label(Path::new("/")), "share");
     }
 
     #[test]

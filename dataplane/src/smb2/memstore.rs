@@ -53,22 +53,45 @@
 //! and the bound, the store size rounded down to whole blocks.
 //!
 //! # Namespace
-//! Names map to file nodes in a `HashMap` behind a `Mutex`, touched by
-//! CREATE, CLOSE and truncation only. Names compare case-insensitively, as
-//! a Windows server opens them ([MS-FSA] 2.1.5.1, IsCaseInsensitive; folded
-//! with Unicode lower-casing here), and keep the case they were created
-//! with (parents: the case of the parent's creation). The root `""` is a directory. Files are
-//! never deleted yet (the trait has no delete); a delete would follow the
-//! same rule as truncation: unlink the name at once, free the blocks at the
-//! last close.
+//! The tree of names lives behind a `Mutex`, touched by CREATE, CLOSE,
+//! truncation and the metadata operations (rename, delete, listing), never
+//! by READ or WRITE. Each file or directory is an entry of an arena keyed
+//! by its file id (a counter, never reused: [`FileInfo::file_id`]); a
+//! directory's entry maps the case-folded names of its children to their
+//! ids. Names compare case-insensitively, as a Windows server opens them
+//! ([MS-FSA] 2.1.5.1, IsCaseInsensitive; folded with Unicode lower-casing
+//! here), and keep the case they were created or renamed with. The root
+//! `""` is a directory.
+//!
+//! Renaming moves one entry between directories (a directory takes its
+//! subtree along; open handles anywhere keep working, as they name the
+//! node, not the path). Replacing an existing file frees its blocks at
+//! once: a target that is open, or a directory, is never replaced
+//! ([MS-FSA] 2.1.5.14.11: STATUS_ACCESS_DENIED).
+//!
+//! # Delete on close
+//! [`Store::set_delete_on_close`] marks the file itself (so every worker
+//! sees it): opens of it, and creations in a marked directory, fail with
+//! `DeletePending`; the last CLOSE of the file (on any worker) unlinks the
+//! name and frees every block, following the freeing rule. A marked
+//! directory that got children after all (marked while empty, not
+//! possible through this store, but kept safe) is left in place.
+//!
+//! # Attributes and times
+//! The FILE_ATTRIBUTE_* bits SET_INFO may set are kept as given (files
+//! start with ARCHIVE, as NTFS creates them); READONLY is recorded, not
+//! enforced (access checks belong to the SMB2 layer). All four times are
+//! kept and may be set; a write updates last write, change and last access
+//! time (reads do not, as with NtfsDisableLastAccessUpdate).
 //!
 //! Open files are named by [`Handle`]s of a per-worker [`OpenTable`], so a
 //! lookup on the I/O path touches only the worker's own memory and the
 //! file's atomics.
 
 use super::store::{
-    disposition_allows_directory, filetime_now, valid_path, Action, Disposition, FileInfo, Handle,
-    OpenRequest, OpenTable, Poll, Store, StoreError, StoreFactory, Tag,
+    attributes, disposition_allows_directory, filetime_now, valid_path, Action, DirEntry,
+    Disposition, FileInfo, FsInfo, Handle, OpenRequest, OpenTable, Poll, SetTimes, Store,
+    StoreError, StoreFactory, Tag,
 };
 use crossbeam_queue::ArrayQueue;
 use memmap2::{Advice, MmapMut, MmapOptions};
@@ -255,11 +278,12 @@ impl Pool {
     }
 }
 
-/// A file or directory.
+/// A file or directory: its data and the attributes READ and WRITE touch
+/// (its name and place live in the [`Namespace`]).
 #[derive(Debug)]
 struct Node {
-    /// Path as created (original case).
-    path: String,
+    /// File id ([`FileInfo::file_id`]); the key of its namespace entry.
+    id: u64,
     is_dir: bool,
     /// End of file.
     size: AtomicU64,
@@ -269,20 +293,26 @@ struct Node {
     /// directories.
     top: Box<[AtomicU32]>,
     creation_time: AtomicU64,
+    last_access_time: AtomicU64,
     last_write_time: AtomicU64,
     change_time: AtomicU64,
+    /// FILE_ATTRIBUTE_* of [`attributes::SETTABLE`] (never DIRECTORY or
+    /// NORMAL: see [`attributes::reported`]).
+    attributes: AtomicU32,
     /// Opens, changed under the namespace lock.
     opens: AtomicU32,
     /// Blocks past the end of file are still mapped (zeroed): a truncation
     /// shared with other opens. The last close releases them.
     trim_pending: AtomicBool,
+    /// Deleted at the last close; changed under the namespace lock.
+    delete_pending: AtomicBool,
 }
 
 impl Node {
-    fn new(path: &str, is_dir: bool, top_len: usize) -> Self {
+    fn new(id: u64, is_dir: bool, top_len: usize) -> Self {
         let now = filetime_now();
         Node {
-            path: path.to_owned(),
+            id,
             is_dir,
             size: AtomicU64::new(0),
             mapped: AtomicU64::new(0),
@@ -292,10 +322,13 @@ impl Node {
                 (0..top_len).map(|_| AtomicU32::new(0)).collect()
             },
             creation_time: AtomicU64::new(now),
+            last_access_time: AtomicU64::new(now),
             last_write_time: AtomicU64::new(now),
             change_time: AtomicU64::new(now),
+            attributes: AtomicU32::new(if is_dir { 0 } else { attributes::ARCHIVE }),
             opens: AtomicU32::new(0),
             trim_pending: AtomicBool::new(false),
+            delete_pending: AtomicBool::new(false),
         }
     }
 
@@ -318,31 +351,165 @@ impl Node {
     }
 
     fn info(&self) -> FileInfo {
-        let last_write = self.last_write_time.load(Ordering::Relaxed);
         FileInfo {
             size: self.size.load(Ordering::Acquire),
             allocation: self.mapped.load(Ordering::Relaxed) * BLOCK_SIZE,
             is_dir: self.is_dir,
             creation_time: self.creation_time.load(Ordering::Relaxed),
-            // Access times are not kept (as with NtfsDisableLastAccessUpdate).
-            last_access_time: last_write,
-            last_write_time: last_write,
+            last_access_time: self.last_access_time.load(Ordering::Relaxed),
+            last_write_time: self.last_write_time.load(Ordering::Relaxed),
             change_time: self.change_time.load(Ordering::Relaxed),
+            file_id: self.id,
+            attributes: attributes::reported(self.attributes.load(Ordering::Relaxed), self.is_dir),
+            nlink: 1,
+            delete_pending: self.delete_pending.load(Ordering::Relaxed),
         }
     }
 
+    /// A write: the file was accessed, written and changed now.
     fn touch(&self) {
         let now = filetime_now();
+        self.last_access_time.store(now, Ordering::Relaxed);
         self.last_write_time.store(now, Ordering::Relaxed);
         self.change_time.store(now, Ordering::Relaxed);
     }
 }
 
-/// Name → node, under the store's mutex.
+/// File id of the root directory.
+const ROOT_ID: u64 = 1;
+
+/// A name of the tree.
+#[derive(Debug)]
+struct Entry {
+    node: Arc<Node>,
+    /// Name in the parent, as created or renamed ("" for the root).
+    name: String,
+    /// The parent directory's id (the root's is its own).
+    parent: u64,
+    /// Case-folded name → id of each child (directories only).
+    children: HashMap<String, u64>,
+}
+
+/// The tree of names, under the store's mutex.
 #[derive(Debug)]
 struct Namespace {
-    /// Keyed by the case-folded path.
-    nodes: HashMap<String, Arc<Node>>,
+    /// Every file and directory by id.
+    entries: HashMap<u64, Entry>,
+    /// The id the next file gets.
+    next_id: u64,
+}
+
+/// Where a path leads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lookup {
+    /// An existing file or directory.
+    Found(u64),
+    /// The last component is missing from this existing directory.
+    Missing(u64),
+    /// A parent is missing or is not a directory.
+    NoParent,
+}
+
+impl Namespace {
+    fn new() -> Self {
+        let root = Entry {
+            node: Arc::new(Node::new(ROOT_ID, true, 0)),
+            name: String::new(),
+            parent: ROOT_ID,
+            children: HashMap::new(),
+        };
+        Namespace {
+            entries: HashMap::from([(ROOT_ID, root)]),
+            next_id: ROOT_ID + 1,
+        }
+    }
+
+    /// The entry of `id`. Every id reachable from an open handle or from a
+    /// directory's children has an entry (entries go only at the last
+    /// close, with their name).
+    fn entry(&self, id: u64) -> &Entry {
+        &self.entries[&id]
+    }
+
+    fn entry_mut(&mut self, id: u64) -> &mut Entry {
+        self.entries
+            .get_mut(&id)
+            .expect("namespace entry of a live id")
+    }
+
+    /// Walks `path` (valid, `\`-separated) from the root.
+    fn lookup(&self, path: &str) -> Lookup {
+        if path.is_empty() {
+            return Lookup::Found(ROOT_ID);
+        }
+        let mut cur = ROOT_ID;
+        let mut parts = path.split('\\').peekable();
+        while let Some(part) = parts.next() {
+            let e = self.entry(cur);
+            if !e.node.is_dir {
+                return Lookup::NoParent;
+            }
+            match e.children.get(&fold(part)) {
+                Some(&id) => cur = id,
+                None if parts.peek().is_none() => return Lookup::Missing(cur),
+                None => return Lookup::NoParent,
+            }
+        }
+        Lookup::Found(cur)
+    }
+
+    /// The path of `id` with the case of each name.
+    fn path_of(&self, mut id: u64) -> String {
+        let mut names = Vec::new();
+        while id != ROOT_ID {
+            let e = self.entry(id);
+            names.push(e.name.as_str());
+            id = e.parent;
+        }
+        names.reverse();
+        names.join("\\")
+    }
+
+    /// Adds a new file or directory `name` to the directory `parent`.
+    fn insert(&mut self, parent: u64, name: &str, is_dir: bool, top_len: usize) -> Arc<Node> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let node = Arc::new(Node::new(id, is_dir, top_len));
+        self.entries.insert(
+            id,
+            Entry {
+                node: Arc::clone(&node),
+                name: name.to_owned(),
+                parent,
+                children: HashMap::new(),
+            },
+        );
+        self.entry_mut(parent).children.insert(fold(name), id);
+        node
+    }
+
+    /// Unlinks `id` (not the root) from its parent and forgets it.
+    fn remove(&mut self, id: u64) -> Entry {
+        let e = self
+            .entries
+            .remove(&id)
+            .expect("namespace entry of a live id");
+        self.entry_mut(e.parent).children.remove(&fold(&e.name));
+        e
+    }
+
+    /// Whether `ancestor` is `id` or one of its parents.
+    fn is_within(&self, mut id: u64, ancestor: u64) -> bool {
+        loop {
+            if id == ancestor {
+                return true;
+            }
+            if id == ROOT_ID {
+                return false;
+            }
+            id = self.entry(id).parent;
+        }
+    }
 }
 
 /// What all handles of one memory store share.
@@ -352,16 +519,18 @@ struct Shared {
     namespace: Mutex<Namespace>,
     /// Length of every file's top-level map.
     top_len: usize,
+    /// VolumeSerialNumber ([`Store::fs_info`]).
+    serial: u32,
 }
 
-/// Case-insensitive key of a path.
-fn fold(path: &str) -> String {
-    path.to_lowercase()
+/// Case-insensitive key of a name.
+fn fold(name: &str) -> String {
+    name.to_lowercase()
 }
 
-/// The parent directory of a path ("" for top-level names).
-fn parent(path: &str) -> &str {
-    path.rsplit_once('\\').map_or("", |(p, _)| p)
+/// A path's parent and last component.
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('\\').unwrap_or(("", path))
 }
 
 impl Shared {
@@ -608,13 +777,26 @@ impl Shared {
         }
     }
 
-    /// Forgets one open of `node`; the last one releases the blocks a
-    /// shared truncation left past the end of file.
+    /// Forgets one open of `node`. The last one deletes a delete-pending
+    /// file (name and blocks), or releases the blocks a shared truncation
+    /// left past the end of file.
     fn release_open(&self, node: &Node) {
-        let _ns = self.lock();
-        if node.opens.fetch_sub(1, Ordering::Relaxed) == 1
-            && node.trim_pending.swap(false, Ordering::Relaxed)
-        {
+        let mut ns = self.lock();
+        if node.opens.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return;
+        }
+        if node.delete_pending.load(Ordering::Relaxed) {
+            if node.id != ROOT_ID && ns.entry(node.id).children.is_empty() {
+                ns.remove(node.id);
+                drop(ns);
+                // Unreachable now (no name, no open): every block goes.
+                node.trim_pending.store(false, Ordering::Relaxed);
+                self.release_past(node, 0);
+                return;
+            }
+            node.delete_pending.store(false, Ordering::Relaxed);
+        }
+        if node.trim_pending.swap(false, Ordering::Relaxed) {
             let keep = node.size.load(Ordering::Acquire).div_ceil(BLOCK_SIZE);
             self.release_past(node, keep);
         }
@@ -661,13 +843,13 @@ impl MemStoreFactory {
         }
         let pool = Pool::new(blocks as u32)?;
         let top_len = (blocks as usize).div_ceil(CHUNK_ENTRIES);
-        let mut nodes = HashMap::new();
-        nodes.insert(String::new(), Arc::new(Node::new("", true, 0)));
+        let now = filetime_now();
         Ok(MemStoreFactory {
             shared: Arc::new(Shared {
                 pool,
-                namespace: Mutex::new(Namespace { nodes }),
+                namespace: Mutex::new(Namespace::new()),
                 top_len,
+                serial: (now ^ (now >> 32)) as u32,
             }),
         })
     }
@@ -724,9 +906,11 @@ pub struct MemStore {
 }
 
 impl MemStore {
-    /// The path an open file was created with (original case).
-    pub fn path(&self, h: Handle) -> Result<&str, StoreError> {
-        self.opens.get(h).map(|n| n.path.as_str())
+    /// The path of an open file, with the case of each name (as created
+    /// or renamed).
+    pub fn path(&self, h: Handle) -> Result<String, StoreError> {
+        let node = self.opens.get(h)?;
+        Ok(self.shared.lock().path_of(node.id))
     }
 
     fn open_now(
@@ -742,10 +926,12 @@ impl MemStore {
         }
         let shared = Arc::clone(&self.shared);
         let mut ns = shared.lock();
-        let key = fold(req.path);
-        let (node, action) = match ns.nodes.get(&key) {
-            Some(node) => {
-                let node = Arc::clone(node);
+        let (node, action) = match ns.lookup(req.path) {
+            Lookup::Found(id) => {
+                let node = Arc::clone(&ns.entry(id).node);
+                if node.delete_pending.load(Ordering::Relaxed) {
+                    return Err(StoreError::DeletePending);
+                }
                 let truncating = matches!(
                     req.disposition,
                     Disposition::Supersede | Disposition::Overwrite | Disposition::OverwriteIf
@@ -774,28 +960,128 @@ impl MemStore {
                 };
                 (node, action)
             }
-            None => {
-                let parent_path = match ns.nodes.get(&fold(parent(req.path))) {
-                    Some(p) if p.is_dir => &p.path,
-                    _ => return Err(StoreError::PathNotFound),
-                };
+            Lookup::Missing(parent) => {
                 if matches!(req.disposition, Disposition::Open | Disposition::Overwrite) {
                     return Err(StoreError::NotFound);
                 }
-                // The parents keep the case they were created with.
-                let path = match req.path.rsplit_once('\\') {
-                    Some((_, name)) => format!("{parent_path}\\{name}"),
-                    None => req.path.to_owned(),
-                };
-                let node = Arc::new(Node::new(&path, req.directory, shared.top_len));
-                ns.nodes.insert(key, Arc::clone(&node));
+                if ns.entry(parent).node.delete_pending.load(Ordering::Relaxed) {
+                    return Err(StoreError::DeletePending);
+                }
+                let (_, name) = split(req.path);
+                let node = ns.insert(parent, name, req.directory, shared.top_len);
                 (node, Action::Created)
             }
+            Lookup::NoParent => return Err(StoreError::PathNotFound),
         };
         let h = self.opens.insert(Arc::clone(&node))?;
         node.opens.fetch_add(1, Ordering::Relaxed);
         drop(ns);
         Ok((h, action, node.info()))
+    }
+
+    /// [MS-FSA] 2.1.5.14.11, under the namespace lock.
+    fn rename_now(&mut self, h: Handle, new_path: &str, replace: bool) -> Result<(), StoreError> {
+        let node = Arc::clone(self.opens.get(h)?);
+        if new_path.is_empty() || !valid_path(new_path) {
+            return Err(StoreError::InvalidName);
+        }
+        if node.id == ROOT_ID {
+            return Err(StoreError::Io(libc::EACCES));
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut ns = shared.lock();
+        let (parent_path, name) = split(new_path);
+        let parent = match ns.lookup(parent_path) {
+            Lookup::Found(id) if ns.entry(id).node.is_dir => id,
+            _ => return Err(StoreError::PathNotFound),
+        };
+        if ns.entry(parent).node.delete_pending.load(Ordering::Relaxed) {
+            return Err(StoreError::DeletePending);
+        }
+        if ns.is_within(parent, node.id) {
+            // A directory cannot move beneath itself.
+            return Err(StoreError::Io(libc::EINVAL));
+        }
+        let key = fold(name);
+        match ns.entry(parent).children.get(&key).copied() {
+            // The same file: a change of case, or no change at all.
+            Some(target) if target == node.id => {}
+            Some(_) if !replace => return Err(StoreError::Exists),
+            Some(target) => {
+                let t = Arc::clone(&ns.entry(target).node);
+                if t.is_dir || t.opens.load(Ordering::Relaxed) > 0 {
+                    return Err(StoreError::Io(libc::EACCES));
+                }
+                ns.remove(target);
+                shared.release_past(&t, 0);
+            }
+            None => {}
+        }
+        let (old_parent, old_key) = {
+            let e = ns.entry(node.id);
+            (e.parent, fold(&e.name))
+        };
+        ns.entry_mut(old_parent).children.remove(&old_key);
+        ns.entry_mut(parent).children.insert(key, node.id);
+        let e = ns.entry_mut(node.id);
+        e.name = name.to_owned();
+        e.parent = parent;
+        node.change_time.store(filetime_now(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn list_now(&self, h: Handle) -> Result<Vec<DirEntry>, StoreError> {
+        let node = self.opens.get(h)?;
+        if !node.is_dir {
+            return Err(StoreError::NotADirectory);
+        }
+        let ns = self.shared.lock();
+        let mut out: Vec<DirEntry> = ns
+            .entry(node.id)
+            .children
+            .values()
+            .map(|&id| {
+                let e = ns.entry(id);
+                DirEntry {
+                    name: e.name.clone(),
+                    info: e.node.info(),
+                }
+            })
+            .collect();
+        drop(ns);
+        out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn set_info_now(
+        &self,
+        h: Handle,
+        times: SetTimes,
+        attrs: Option<u32>,
+    ) -> Result<(), StoreError> {
+        let node = self.opens.get(h)?;
+        for (t, field) in [
+            (times.creation, &node.creation_time),
+            (times.last_access, &node.last_access_time),
+            (times.last_write, &node.last_write_time),
+            (times.change, &node.change_time),
+        ] {
+            if let Some(v) = SetTimes::effective(t) {
+                field.store(v, Ordering::Relaxed);
+            }
+        }
+        // [MS-FSA] 2.1.5.14.2: FileAttributes 0 leaves them unchanged.
+        if let Some(a) = attrs.filter(|&a| a != 0) {
+            let mut keep = a & attributes::SETTABLE;
+            if node.is_dir {
+                keep &= !attributes::TEMPORARY;
+            }
+            node.attributes.store(keep, Ordering::Relaxed);
+            if SetTimes::effective(times.change).is_none() {
+                node.change_time.store(filetime_now(), Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -872,6 +1158,57 @@ impl Store for MemStore {
             pool.used_blocks() * BLOCK_SIZE,
             Some(u64::from(pool.blocks) * BLOCK_SIZE),
         )
+    }
+
+    /// A snapshot under the namespace lock.
+    fn list(&mut self, _tag: Tag, h: Handle) -> Poll<Vec<DirEntry>> {
+        Poll::Ready(self.list_now(h))
+    }
+
+    /// Case-insensitive, like every name here; a change of case alone is
+    /// a rename too.
+    fn rename(&mut self, _tag: Tag, h: Handle, new_path: &str, replace: bool) -> Poll<()> {
+        Poll::Ready(self.rename_now(h, new_path, replace))
+    }
+
+    /// Marks the file itself, for every worker (see the module docs).
+    fn set_delete_on_close(&mut self, h: Handle, on: bool) -> Result<(), StoreError> {
+        let node = self.opens.get(h)?;
+        if node.id == ROOT_ID {
+            return Err(StoreError::Io(libc::EACCES));
+        }
+        let ns = self.shared.lock();
+        if on && node.is_dir && !ns.entry(node.id).children.is_empty() {
+            return Err(StoreError::NotEmpty);
+        }
+        node.delete_pending.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Every time is kept; attributes are kept as given (see the module
+    /// docs).
+    fn set_info(
+        &mut self,
+        _tag: Tag,
+        h: Handle,
+        times: SetTimes,
+        attributes: Option<u32>,
+    ) -> Poll<()> {
+        Poll::Ready(self.set_info_now(h, times, attributes))
+    }
+
+    /// The pool: its bound and the blocks not in use; one 64 KiB block is
+    /// the allocation unit (128 sectors of 512 bytes).
+    fn fs_info(&self) -> FsInfo {
+        let pool = &self.shared.pool;
+        FsInfo {
+            total_bytes: u64::from(pool.blocks) * BLOCK_SIZE,
+            free_bytes: pool.available.load(Ordering::Relaxed) * BLOCK_SIZE,
+            block_size: BLOCK_SIZE as u32,
+            sector_size: 512,
+            serial: self.shared.serial,
+            label: "mem".to_owned(),
+        }
     }
 }
 
@@ -1187,7 +1524,7 @@ mod tests {
         ready(s.open(0, &dir_req("Dir", Disposition::Create))).unwrap();
         let (h, a) = open(&mut s, "dir\\ReadMe.TXT", Disposition::Create).unwrap();
         assert_eq!(a, Action::Created);
-        assert_eq!(s.path(h), Ok("Dir\\ReadMe.TXT"));
+        assert_eq!(s.path(h).as_deref(), Ok("Dir\\ReadMe.TXT"));
         write(&mut s, h, 0, b"abc").unwrap();
         assert_eq!(
             open(&mut s, "dIR\\readme.txt", Disposition::Create),
@@ -1195,7 +1532,7 @@ mod tests {
         );
         let (h2, _) = open(&mut s, "DIR\\README.TXT", Disposition::Open).unwrap();
         assert_eq!(read(&mut s, h2, 0, 3), b"abc");
-        assert_eq!(s.path(h2), Ok("Dir\\ReadMe.TXT"));
+        assert_eq!(s.path(h2).as_deref(), Ok("Dir\\ReadMe.TXT"));
         // Unicode folding too.
         open(&mut s, "Ärger", Disposition::Create).unwrap();
         assert!(open(&mut s, "äRGER", Disposition::Open).is_ok());
@@ -1264,6 +1601,306 @@ mod tests {
                 "{p}"
             );
         }
+    }
+
+    fn other_worker(s: &MemStore) -> MemStore {
+        MemStoreFactory {
+            shared: Arc::clone(&s.shared),
+        }
+        .store()
+    }
+
+    fn mkdir(s: &mut MemStore, path: &str) -> Handle {
+        ready(s.open(0, &dir_req(path, Disposition::Create)))
+            .unwrap()
+            .0
+    }
+
+    fn rename(s: &mut MemStore, h: Handle, to: &str, replace: bool) -> Result<(), StoreError> {
+        ready(s.rename(4, h, to, replace))
+    }
+
+    fn names(s: &mut MemStore, dir: Handle) -> Vec<String> {
+        ready(s.list(5, dir))
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    }
+
+    #[test]
+    fn rename_refuses_an_existing_target_unless_replacing() {
+        let mut s = store(4 * MIB);
+        let (a, _) = open(&mut s, "a", Disposition::Create).unwrap();
+        write(&mut s, a, 0, b"from a").unwrap();
+        let (b, _) = open(&mut s, "b", Disposition::Create).unwrap();
+        write(&mut s, b, 0, &vec![1; 2 * BLOCK_SIZE as usize]).unwrap();
+        assert_eq!(rename(&mut s, a, "B", false), Err(StoreError::Exists));
+        // An open target is never replaced ([MS-FSA] 2.1.5.14.11).
+        assert_eq!(
+            rename(&mut s, a, "B", true),
+            Err(StoreError::Io(libc::EACCES))
+        );
+        s.close(b);
+        let id = ready(s.stat(0, a)).unwrap().file_id;
+        assert_eq!(rename(&mut s, a, "B", true), Ok(()));
+        // The handle follows the file; the replaced file's blocks are free.
+        assert_eq!(s.path(a).as_deref(), Ok("B"));
+        assert_eq!(ready(s.stat(0, a)).unwrap().file_id, id);
+        assert_eq!(s.usage().0, BLOCK_SIZE);
+        write(&mut s, a, 6, b"!").unwrap();
+        assert_eq!(
+            open(&mut s, "a", Disposition::Open),
+            Err(StoreError::NotFound)
+        );
+        let (b2, _) = open(&mut s, "b", Disposition::Open).unwrap();
+        assert_eq!(read(&mut s, b2, 0, 100), b"from a!");
+        // A change of case alone, and a rename onto its own name.
+        assert_eq!(rename(&mut s, b2, "b", false), Ok(()));
+        assert_eq!(s.path(a).as_deref(), Ok("b"));
+        assert_eq!(rename(&mut s, b2, "b", false), Ok(()));
+        // Not the root, not an invalid name.
+        let (root, ..) = ready(s.open(0, &dir_req("", Disposition::Open))).unwrap();
+        assert_eq!(
+            rename(&mut s, root, "r", false),
+            Err(StoreError::Io(libc::EACCES))
+        );
+        for bad in ["", "..\\x", "x\\..\\y", "a:s", "\\x"] {
+            assert_eq!(
+                rename(&mut s, a, bad, true),
+                Err(StoreError::InvalidName),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn rename_moves_files_and_directories_across_directories() {
+        let mut s = store(4 * MIB);
+        let d1 = mkdir(&mut s, "D1");
+        let d2 = mkdir(&mut s, "d2");
+        let (f, _) = open(&mut s, "d1\\f", Disposition::Create).unwrap();
+        write(&mut s, f, 0, b"x").unwrap();
+        assert_eq!(
+            rename(&mut s, f, "missing\\f", false),
+            Err(StoreError::PathNotFound)
+        );
+        assert_eq!(
+            rename(&mut s, f, "d1\\f\\g", false),
+            Err(StoreError::PathNotFound),
+            "a file is no parent"
+        );
+        assert_eq!(rename(&mut s, f, "D2\\File", false), Ok(()));
+        assert_eq!(s.path(f).as_deref(), Ok("d2\\File"));
+        assert_eq!(names(&mut s, d1), Vec::<String>::new());
+        assert_eq!(names(&mut s, d2), ["File"]);
+        // A directory takes its subtree (and the open file in it) along.
+        assert_eq!(rename(&mut s, d2, "d1\\Sub", false), Ok(()));
+        assert_eq!(s.path(f).as_deref(), Ok("D1\\Sub\\File"));
+        let (f2, _) = open(&mut s, "d1\\sub\\file", Disposition::Open).unwrap();
+        assert_eq!(read(&mut s, f2, 0, 10), b"x");
+        assert_eq!(
+            open(&mut s, "d2\\file", Disposition::Open),
+            Err(StoreError::PathNotFound)
+        );
+        // Never beneath itself; a directory target is never replaced.
+        assert_eq!(
+            rename(&mut s, d1, "d1\\Sub\\x", false),
+            Err(StoreError::Io(libc::EINVAL))
+        );
+        let x = mkdir(&mut s, "x");
+        assert_eq!(
+            rename(&mut s, f, "x", true),
+            Err(StoreError::Io(libc::EACCES))
+        );
+        s.close(x);
+        // Another worker sees the new names at once.
+        let mut other = other_worker(&s);
+        assert!(open(&mut other, "D1\\SUB\\FILE", Disposition::Open).is_ok());
+    }
+
+    #[test]
+    fn listing_a_thousand_files_is_sorted_and_complete() {
+        let mut s = store(4 * MIB);
+        let d = mkdir(&mut s, "many");
+        for i in 0..1000u32 {
+            // Created out of order.
+            let name = format!("many\\f{:04}", (i * 7919) % 1000);
+            let (h, _) = open(&mut s, &name, Disposition::Create).unwrap();
+            s.close(h);
+        }
+        mkdir(&mut s, "many\\Sub");
+        let list = ready(s.list(0, d)).unwrap();
+        assert_eq!(list.len(), 1001);
+        assert!(list.windows(2).all(|w| w[0].name < w[1].name), "sorted");
+        assert_eq!(list[0].name, "Sub");
+        assert!(list[0].info.is_dir);
+        assert_eq!(list[0].info.attributes, attributes::DIRECTORY);
+        assert_eq!(
+            (list[1].name.as_str(), list[1000].name.as_str()),
+            ("f0000", "f0999")
+        );
+        assert_eq!(list[1].info.attributes, attributes::ARCHIVE);
+        let mut ids: Vec<u64> = list.iter().map(|e| e.info.file_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 1001, "file ids are unique");
+        let (f, _) = open(&mut s, "many\\f0001", Disposition::Open).unwrap();
+        assert_eq!(ready(s.list(0, f)), Err(StoreError::NotADirectory));
+        let (root, ..) = ready(s.open(0, &dir_req("", Disposition::Open))).unwrap();
+        assert_eq!(names(&mut s, root), ["many"]);
+    }
+
+    #[test]
+    fn delete_on_close_waits_for_the_last_handle_on_any_worker() {
+        let mut s = store(4 * MIB);
+        let mut other = other_worker(&s);
+        let (h1, _) = open(&mut s, "doomed", Disposition::Create).unwrap();
+        write(&mut s, h1, 0, &[3; 1000]).unwrap();
+        let (h2, _) = open(&mut other, "DOOMED", Disposition::Open).unwrap();
+        assert_eq!(s.set_delete_on_close(h1, true), Ok(()));
+        assert_eq!(
+            open(&mut s, "doomed", Disposition::OpenIf),
+            Err(StoreError::DeletePending)
+        );
+        assert_eq!(
+            open(&mut other, "doomed", Disposition::Create),
+            Err(StoreError::DeletePending)
+        );
+        s.close(h1);
+        // Still there for the other open, and listed as delete pending.
+        assert!(ready(other.stat(0, h2)).unwrap().delete_pending);
+        assert_eq!(read(&mut other, h2, 0, 3), [3, 3, 3]);
+        let (root, ..) = ready(s.open(0, &dir_req("", Disposition::Open))).unwrap();
+        let list = ready(s.list(0, root)).unwrap();
+        assert!(list.len() == 1 && list[0].info.delete_pending);
+        assert_eq!(s.usage().0, BLOCK_SIZE);
+        other.close(h2);
+        assert_eq!(names(&mut s, root), Vec::<String>::new());
+        assert_eq!(s.usage().0, 0, "its blocks are free");
+        let (h3, a) = open(&mut s, "doomed", Disposition::OpenIf).unwrap();
+        assert_eq!(a, Action::Created, "the name is free again");
+        // Unmarking before the last close keeps the file.
+        s.set_delete_on_close(h3, true).unwrap();
+        s.set_delete_on_close(h3, false).unwrap();
+        s.close(h3);
+        assert_eq!(names(&mut s, root), ["doomed"]);
+        assert_eq!(
+            s.set_delete_on_close(root, true),
+            Err(StoreError::Io(libc::EACCES))
+        );
+    }
+
+    #[test]
+    fn delete_on_close_of_empty_and_non_empty_directories() {
+        let mut s = store(MIB);
+        let full = mkdir(&mut s, "full");
+        let (f, _) = open(&mut s, "full\\f", Disposition::Create).unwrap();
+        assert_eq!(s.set_delete_on_close(full, true), Err(StoreError::NotEmpty));
+        assert_eq!(
+            StoreError::NotEmpty.status(),
+            smbdirect_protocol::ntstatus::STATUS_DIRECTORY_NOT_EMPTY
+        );
+        // Emptied, it can go; nothing can be created in it meanwhile.
+        s.set_delete_on_close(f, true).unwrap();
+        s.close(f);
+        assert_eq!(s.set_delete_on_close(full, true), Ok(()));
+        assert_eq!(
+            open(&mut s, "full\\g", Disposition::Create),
+            Err(StoreError::DeletePending)
+        );
+        let (g, _) = open(&mut s, "g", Disposition::Create).unwrap();
+        assert_eq!(
+            rename(&mut s, g, "full\\g", false),
+            Err(StoreError::DeletePending)
+        );
+        s.close(full);
+        assert_eq!(
+            ready(s.open(0, &dir_req("full", Disposition::Open))).err(),
+            Some(StoreError::NotFound)
+        );
+        let empty = mkdir(&mut s, "empty");
+        s.set_delete_on_close(empty, true).unwrap();
+        s.close(empty);
+        let (root, ..) = ready(s.open(0, &dir_req("", Disposition::Open))).unwrap();
+        assert_eq!(names(&mut s, root), ["g"]);
+    }
+
+    #[test]
+    fn set_info_times_and_attributes_show_in_stat() {
+        let mut s = store(MIB);
+        let (h, _) = open(&mut s, "t", Disposition::Create).unwrap();
+        let before = ready(s.stat(0, h)).unwrap();
+        let times = SetTimes {
+            creation: Some(FILETIME_2001),
+            last_access: Some(FILETIME_2001 + 1),
+            last_write: Some(FILETIME_2001 + 2),
+            change: Some(FILETIME_2001 + 3),
+        };
+        ready(s.set_info(0, h, times, None)).unwrap();
+        let after = ready(s.stat(0, h)).unwrap();
+        assert_eq!(
+            (
+                after.creation_time,
+                after.last_access_time,
+                after.last_write_time,
+                after.change_time
+            ),
+            (
+                FILETIME_2001,
+                FILETIME_2001 + 1,
+                FILETIME_2001 + 2,
+                FILETIME_2001 + 3
+            )
+        );
+        assert_eq!(after.attributes, before.attributes);
+        // 0, -1 and None leave times alone.
+        let keep = SetTimes {
+            creation: Some(0),
+            last_access: Some(u64::MAX),
+            last_write: None,
+            change: None,
+        };
+        ready(s.set_info(0, h, keep, Some(0))).unwrap();
+        assert_eq!(ready(s.stat(0, h)).unwrap(), after);
+        let hidden_ro = attributes::HIDDEN | attributes::READONLY;
+        ready(s.set_info(
+            0,
+            h,
+            SetTimes::default(),
+            Some(hidden_ro | attributes::DIRECTORY),
+        ))
+        .unwrap();
+        assert_eq!(ready(s.stat(0, h)).unwrap().attributes, hidden_ro);
+        ready(s.set_info(0, h, SetTimes::default(), Some(attributes::NORMAL))).unwrap();
+        assert_eq!(ready(s.stat(0, h)).unwrap().attributes, attributes::NORMAL);
+        let d = mkdir(&mut s, "d");
+        ready(s.set_info(0, d, SetTimes::default(), Some(attributes::HIDDEN))).unwrap();
+        assert_eq!(
+            ready(s.stat(0, d)).unwrap().attributes,
+            attributes::HIDDEN | attributes::DIRECTORY
+        );
+        s.close(h);
+        assert_eq!(
+            ready(s.set_info(0, h, times, None)),
+            Err(StoreError::Closed)
+        );
+    }
+
+    /// 2001-01-01 as FILETIME.
+    const FILETIME_2001: u64 = 126_227_808_000_000_000;
+
+    #[test]
+    fn fs_info_reports_the_pool() {
+        let mut s = store(4 * MIB);
+        let fs = s.fs_info();
+        assert_eq!((fs.total_bytes, fs.free_bytes), (4 * MIB, 4 * MIB));
+        assert_eq!((fs.block_size, fs.sector_size), (BLOCK_SIZE as u32, 512));
+        assert_eq!(fs.label, "mem");
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        write(&mut s, h, 0, b"x").unwrap();
+        assert_eq!(s.fs_info().free_bytes, 4 * MIB - BLOCK_SIZE);
+        assert_eq!(s.fs_info().serial, fs.serial);
     }
 
     #[test]

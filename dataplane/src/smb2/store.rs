@@ -20,6 +20,25 @@
 //! Paths are share-relative, components separated by `\` (as on the wire,
 //! [MS-SMB2] 2.2.13), already checked by [`valid_path`]; the empty path is
 //! the share root. Stores must confine every path to their root.
+//!
+//! # Metadata
+//! Beyond CREATE, READ and WRITE, a store serves what QUERY_INFO, SET_INFO
+//! and QUERY_DIRECTORY need ([MS-SMB2] 3.3.5.18, 3.3.5.20, 3.3.5.21):
+//! [`Store::stat`] (basic, standard and internal information),
+//! [`Store::list`] (a sorted snapshot of a directory), [`Store::rename`],
+//! [`Store::set_delete_on_close`] (the disposition), [`Store::set_info`]
+//! (times and attributes), [`Store::truncate`] (end of file) and
+//! [`Store::fs_info`] (the volume). These may allocate (they are not on the
+//! READ/WRITE path); they follow the same tag contract.
+//!
+//! Delete on close ([MS-FSA] 2.1.5.14.3, 2.1.5.4): once marked, the file is
+//! *delete pending*: it still appears in listings, opens of it fail with
+//! [`StoreError::DeletePending`], and it disappears when the last handle
+//! to it closes (see each store for what "last" covers). A directory can
+//! be marked only while it is empty ([`StoreError::NotEmpty`]). CREATE
+//! with FILE_DELETE_ON_CLOSE is served by the SMB2 layer as an open
+//! followed by [`Store::set_delete_on_close`] (so the file is delete
+//! pending from then on rather than from the close of that open).
 
 /// Names one operation of one caller (the SMB2 layer packs connection and
 /// request into it).
@@ -52,6 +71,12 @@ pub enum StoreError {
     Closed,
     /// Too many operations in flight or open files (STATUS_INSUFFICIENT_RESOURCES).
     Busy,
+    /// A directory that must be empty is not (STATUS_DIRECTORY_NOT_EMPTY):
+    /// delete on close of a non-empty directory.
+    NotEmpty,
+    /// The file is marked for deletion at its last close and cannot be
+    /// opened again (STATUS_DELETE_PENDING).
+    DeletePending,
     /// Any other operating-system error, as errno (STATUS_UNEXPECTED_IO_ERROR,
     /// or the closest match).
     Io(i32),
@@ -87,7 +112,8 @@ pub enum Action {
     Overwritten,
 }
 
-/// Attributes and times of a file, as CREATE and CLOSE report them.
+/// Attributes and times of a file, as CREATE, CLOSE, QUERY_INFO and
+/// QUERY_DIRECTORY report them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FileInfo {
     /// End of file, bytes.
@@ -104,6 +130,121 @@ pub struct FileInfo {
     pub last_write_time: u64,
     /// Last change.
     pub change_time: u64,
+    /// Stable identity of the file while it exists ([MS-FSCC] 2.4.20
+    /// FileInternalInformation IndexNumber): the inode number on a
+    /// directory store, a per-file counter on the memory store.
+    pub file_id: u64,
+    /// FILE_ATTRIBUTE_* ([MS-FSCC] 2.6): DIRECTORY for directories,
+    /// NORMAL (0x80) alone when no other attribute is set.
+    pub attributes: u32,
+    /// Hard links ([MS-FSCC] 2.4.41 FileStandardInformation NumberOfLinks).
+    pub nlink: u32,
+    /// Marked for deletion at its last close
+    /// (FileStandardInformation DeletePending).
+    pub delete_pending: bool,
+}
+
+/// FILE_ATTRIBUTE_* values ([MS-FSCC] 2.6) the stores use.
+pub mod attributes {
+    use smbdirect_protocol::smb2::FileAttributes;
+
+    /// FILE_ATTRIBUTE_READONLY.
+    pub const READONLY: u32 = FileAttributes::READONLY.bits();
+    /// FILE_ATTRIBUTE_HIDDEN.
+    pub const HIDDEN: u32 = FileAttributes::HIDDEN.bits();
+    /// FILE_ATTRIBUTE_SYSTEM.
+    pub const SYSTEM: u32 = FileAttributes::SYSTEM.bits();
+    /// FILE_ATTRIBUTE_DIRECTORY.
+    pub const DIRECTORY: u32 = FileAttributes::DIRECTORY.bits();
+    /// FILE_ATTRIBUTE_ARCHIVE.
+    pub const ARCHIVE: u32 = FileAttributes::ARCHIVE.bits();
+    /// FILE_ATTRIBUTE_NORMAL: reported when no other attribute is set.
+    pub const NORMAL: u32 = FileAttributes::NORMAL.bits();
+    /// FILE_ATTRIBUTE_TEMPORARY.
+    pub const TEMPORARY: u32 = FileAttributes::TEMPORARY.bits();
+    /// FILE_ATTRIBUTE_OFFLINE.
+    pub const OFFLINE: u32 = FileAttributes::OFFLINE.bits();
+    /// FILE_ATTRIBUTE_NOT_CONTENT_INDEXED.
+    pub const NOT_CONTENT_INDEXED: u32 = FileAttributes::NOT_CONTENT_INDEXED.bits();
+    /// What SET_INFO may change ([MS-FSA] 2.1.5.14.2: DIRECTORY, NORMAL
+    /// and the attributes a file system owns are not set this way).
+    pub const SETTABLE: u32 =
+        READONLY | HIDDEN | SYSTEM | ARCHIVE | TEMPORARY | OFFLINE | NOT_CONTENT_INDEXED;
+
+    /// `attrs` as reported: DIRECTORY added for a directory, NORMAL when
+    /// nothing else is set.
+    pub fn reported(attrs: u32, is_dir: bool) -> u32 {
+        let a = if is_dir { attrs | DIRECTORY } else { attrs };
+        if a == 0 {
+            NORMAL
+        } else {
+            a
+        }
+    }
+}
+
+/// One entry of a directory snapshot ([`Store::list`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The name in its directory (no path), as created or renamed.
+    pub name: String,
+    /// Its attributes and times.
+    pub info: FileInfo,
+}
+
+/// Times SET_INFO asks for ([MS-FSCC] 2.4.7 FileBasicInformation), as
+/// FILETIME. `None`, 0, -1 ("stop updating") and -2 ("resume updating")
+/// leave a time unchanged (see [`SetTimes::effective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SetTimes {
+    /// CreationTime.
+    pub creation: Option<u64>,
+    /// LastAccessTime.
+    pub last_access: Option<u64>,
+    /// LastWriteTime.
+    pub last_write: Option<u64>,
+    /// ChangeTime.
+    pub change: Option<u64>,
+}
+
+impl SetTimes {
+    /// The time to set, or None to leave it: 0 means "do not change" and
+    /// the negative values -1 and -2 (above `i64::MAX` as `u64`) are the
+    /// update-mode requests of [MS-FSA] 2.1.5.14.2, treated as "do not
+    /// change" too.
+    pub fn effective(t: Option<u64>) -> Option<u64> {
+        t.filter(|&v| v != 0 && v <= i64::MAX as u64)
+    }
+
+    /// Whether any time would change.
+    pub fn any(&self) -> bool {
+        [
+            self.creation,
+            self.last_access,
+            self.last_write,
+            self.change,
+        ]
+        .into_iter()
+        .any(|t| Self::effective(t).is_some())
+    }
+}
+
+/// The volume behind a share ([MS-FSCC] 2.5 FileFsSizeInformation,
+/// FileFsFullSizeInformation, FileFsVolumeInformation).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FsInfo {
+    /// Size of the volume, bytes.
+    pub total_bytes: u64,
+    /// Bytes a new file could use.
+    pub free_bytes: u64,
+    /// Allocation unit, bytes (a multiple of `sector_size`).
+    pub block_size: u32,
+    /// Bytes per sector.
+    pub sector_size: u32,
+    /// VolumeSerialNumber.
+    pub serial: u32,
+    /// VolumeLabel (at most 32 UTF-16 code units).
+    pub label: String,
 }
 
 /// An open file of a store (the store's own index; opaque to callers).
@@ -167,6 +308,37 @@ pub trait Store: Send + 'static {
     fn in_flight(&self) -> usize;
     /// Bytes used and the bound (None: unbounded, e.g. a directory).
     fn usage(&self) -> (u64, Option<u64>);
+    /// QUERY_DIRECTORY ([MS-SMB2] 3.3.5.18): the entries of the directory
+    /// open `h` (without `.` and `..`), sorted by name (code point order).
+    /// `NotADirectory` for a file.
+    fn list(&mut self, tag: Tag, h: Handle) -> Poll<Vec<DirEntry>>;
+    /// FileRenameInformation ([MS-FSA] 2.1.5.14.11): gives the file or
+    /// directory open as `h` the share-relative `new_path`; `h` stays valid
+    /// and names the file under its new name. An existing target is
+    /// `Exists` unless `replace`; a directory target, or (where the store
+    /// can tell) an open one, is never replaced (`Io(EACCES)`, which maps
+    /// to STATUS_ACCESS_DENIED). A missing target parent is
+    /// `PathNotFound`; moving a directory beneath itself is `Io(EINVAL)`;
+    /// the root cannot be renamed (`Io(EACCES)`).
+    fn rename(&mut self, tag: Tag, h: Handle, new_path: &str, replace: bool) -> Poll<()>;
+    /// FileDispositionInformation ([MS-FSA] 2.1.5.14.3): marks (`on`) or
+    /// unmarks the file open as `h` for deletion at its last close (see
+    /// the module docs). `NotEmpty` for a non-empty directory; the root
+    /// cannot be deleted (`Io(EACCES)`). Completes at once.
+    fn set_delete_on_close(&mut self, h: Handle, on: bool) -> Result<(), StoreError>;
+    /// FileBasicInformation ([MS-FSA] 2.1.5.14.2): sets the times given
+    /// (see [`SetTimes::effective`]) and, when `attributes` is `Some` and
+    /// not 0, the FILE_ATTRIBUTE_* bits of [`attributes::SETTABLE`] (what a
+    /// store can keep of them is documented per store).
+    fn set_info(
+        &mut self,
+        tag: Tag,
+        h: Handle,
+        times: SetTimes,
+        attributes: Option<u32>,
+    ) -> Poll<()>;
+    /// The volume (QUERY_INFO of the FileSystem class). Completes at once.
+    fn fs_info(&self) -> FsInfo;
 }
 
 /// Makes one [`Store`] handle per worker.
@@ -191,8 +363,13 @@ impl StoreError {
             StoreError::InvalidName => STATUS_OBJECT_NAME_INVALID,
             StoreError::Closed => STATUS_FILE_CLOSED,
             StoreError::Busy => STATUS_INSUFFICIENT_RESOURCES,
+            StoreError::NotEmpty | StoreError::Io(libc::ENOTEMPTY) => STATUS_DIRECTORY_NOT_EMPTY,
+            StoreError::DeletePending => STATUS_DELETE_PENDING,
             StoreError::Io(libc::ENOSPC) => STATUS_DISK_FULL,
             StoreError::Io(libc::EACCES) | StoreError::Io(libc::EPERM) => STATUS_ACCESS_DENIED,
+            StoreError::Io(libc::EINVAL) => STATUS_INVALID_PARAMETER,
+            // A rename across mount points beneath the root.
+            StoreError::Io(libc::EXDEV) => STATUS_NOT_SAME_DEVICE,
             StoreError::Io(_) => STATUS_UNEXPECTED_IO_ERROR,
         }
     }
@@ -238,6 +415,15 @@ pub fn filetime_from_unix(secs: i64, nanos: u32) -> u64 {
     let ticks =
         i128::from(secs) * 10_000_000 + i128::from(nanos / 100) + i128::from(FILETIME_UNIX_EPOCH);
     ticks.clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// A FILETIME as Unix seconds and nanoseconds (the inverse of
+/// [`filetime_from_unix`]; FILETIMEs above `i64::MAX` are clamped to it).
+pub fn unix_from_filetime(ft: u64) -> (i64, u32) {
+    let ticks = i128::from(ft.min(i64::MAX as u64)) - i128::from(FILETIME_UNIX_EPOCH);
+    let secs = ticks.div_euclid(10_000_000) as i64;
+    let nanos = (ticks.rem_euclid(10_000_000) * 100) as u32;
+    (secs, nanos)
 }
 
 /// The current time as FILETIME (a vDSO clock read: no lock, no allocation).
@@ -310,12 +496,9 @@ impl<T> OpenTable<T> {
         };
         let slot = &mut self.slots[index];
         slot.value = Some(value);
+        let generation = slot.generation;
         self.len += 1;
-        Ok(Handle(
-            index as u64
-                | u64::from(slot.generation) << HANDLE_SLOT_BITS
-                | self.instance << (HANDLE_SLOT_BITS + HANDLE_GEN_BITS),
-        ))
+        Ok(self.handle_of(index, generation))
     }
 
     fn index(&self, h: Handle) -> Result<usize, StoreError> {
@@ -365,6 +548,37 @@ impl<T> OpenTable<T> {
         self.len == 0
     }
 
+    /// Every open file with its handle (metadata paths: a scan of the
+    /// table).
+    pub fn iter(&self) -> impl Iterator<Item = (Handle, &T)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.value
+                .as_ref()
+                .map(|v| (self.handle_of(i, s.generation), v))
+        })
+    }
+
+    /// Every open file with its handle, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (Handle, &mut T)> + '_ {
+        let instance = self.instance;
+        self.slots.iter_mut().enumerate().filter_map(move |(i, s)| {
+            let h = Self::pack(i, s.generation, instance);
+            s.value.as_mut().map(|v| (h, v))
+        })
+    }
+
+    fn pack(index: usize, generation: u32, instance: u64) -> Handle {
+        Handle(
+            index as u64
+                | u64::from(generation) << HANDLE_SLOT_BITS
+                | instance << (HANDLE_SLOT_BITS + HANDLE_GEN_BITS),
+        )
+    }
+
+    fn handle_of(&self, index: usize, generation: u32) -> Handle {
+        Self::pack(index, generation, self.instance)
+    }
+
     /// Removes every open file (store teardown), making all handles stale.
     pub fn drain(&mut self) -> Vec<T> {
         let mut out = Vec::with_capacity(self.len);
@@ -397,6 +611,15 @@ mod tests {
         assert_ne!(a, c, "a reused slot has a new generation");
         assert_eq!(t.get(c), Ok(&"c"));
         assert_eq!(t.len(), 2);
+        let mut seen: Vec<_> = t.iter().collect();
+        seen.sort_by_key(|&(_, v)| *v);
+        assert_eq!(seen, [(b, &"b"), (c, &"c")]);
+        for (h, v) in t.iter_mut() {
+            if h == c {
+                *v = "c2";
+            }
+        }
+        assert_eq!(t.get(c), Ok(&"c2"));
         assert_eq!(t.drain().len(), 2);
         assert_eq!(t.get(b), Err(StoreError::Closed));
         assert!(t.is_empty());
@@ -417,6 +640,58 @@ mod tests {
         assert_eq!(filetime_from_unix(1, 500), FILETIME_UNIX_EPOCH + 10_000_005);
         assert_eq!(filetime_from_unix(-20_000_000_000, 0), 0);
         assert!(filetime_now() > filetime_from_unix(1_700_000_000, 0));
+    }
+
+    #[test]
+    fn filetimes_convert_back_to_unix_times() {
+        assert_eq!(unix_from_filetime(FILETIME_UNIX_EPOCH), (0, 0));
+        assert_eq!(
+            unix_from_filetime(FILETIME_UNIX_EPOCH + 10_000_005),
+            (1, 500)
+        );
+        assert_eq!(
+            unix_from_filetime(FILETIME_UNIX_EPOCH - 5),
+            (-1, 999_999_500)
+        );
+        let ft = filetime_from_unix(1_700_000_000, 123_456_700);
+        assert_eq!(unix_from_filetime(ft), (1_700_000_000, 123_456_700));
+    }
+
+    #[test]
+    fn zero_and_negative_filetimes_leave_times_unchanged() {
+        assert_eq!(SetTimes::effective(None), None);
+        assert_eq!(SetTimes::effective(Some(0)), None);
+        assert_eq!(SetTimes::effective(Some(u64::MAX)), None);
+        assert_eq!(SetTimes::effective(Some(u64::MAX - 1)), None);
+        assert_eq!(SetTimes::effective(Some(5)), Some(5));
+        assert!(!SetTimes::default().any());
+        let t = SetTimes {
+            change: Some(7),
+            ..SetTimes::default()
+        };
+        assert!(t.any());
+    }
+
+    #[test]
+    fn new_errors_map_to_their_statuses() {
+        use smbdirect_protocol::ntstatus::*;
+        assert_eq!(StoreError::NotEmpty.status(), STATUS_DIRECTORY_NOT_EMPTY);
+        assert_eq!(StoreError::DeletePending.status(), STATUS_DELETE_PENDING);
+        assert_eq!(
+            StoreError::Io(libc::EINVAL).status(),
+            STATUS_INVALID_PARAMETER
+        );
+        assert_eq!(StoreError::Io(libc::EXDEV).status(), STATUS_NOT_SAME_DEVICE);
+    }
+
+    #[test]
+    fn reported_attributes_are_never_zero() {
+        assert_eq!(attributes::reported(0, false), attributes::NORMAL);
+        assert_eq!(attributes::reported(0, true), attributes::DIRECTORY);
+        assert_eq!(
+            attributes::reported(attributes::READONLY, true),
+            attributes::READONLY | attributes::DIRECTORY
+        );
     }
 
     #[test]

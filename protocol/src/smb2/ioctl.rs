@@ -1,10 +1,13 @@
 //! [MS-SMB2] 2.2.31 SMB2 IOCTL Request and 2.2.32 SMB2 IOCTL Response,
 //! with the control codes this server handles: FSCTL_STORAGE_QOS_CONTROL
-//! ([MS-SQOS] 2.2.1) and FSCTL_VALIDATE_NEGOTIATE_INFO (2.2.31.4).
+//! ([MS-SQOS] 2.2.1), FSCTL_VALIDATE_NEGOTIATE_INFO (2.2.31.4),
+//! FSCTL_QUERY_NETWORK_INTERFACE_INFO (output: [`super::netif`]) and
+//! FSCTL_DFS_GET_REFERRALS (recognised, [`DfsReferralRequest`]).
 
 use super::error::Smb2Error;
 use super::file_id::FileId;
 use super::layout::{align8, fit, hdr, resolve_all, room, slice, Region};
+use super::utf16::Utf16Str;
 use super::validate_negotiate::ValidateNegotiateInfoRequest;
 use super::Command;
 use crate::sqos::StorageQosControlRequest;
@@ -131,6 +134,15 @@ impl<T: AsRef<[u8]>> IoctlRequest<T> {
             .then(|| StorageQosControlRequest::new_checked(self.input()))
     }
 
+    /// For FSCTL_DFS_GET_REFERRALS, the input as a REQ_GET_DFS_REFERRAL
+    /// ([MS-DFSC] 2.2.2); `None` for any other CtlCode. A server that is
+    /// not a DFS server fails the request with STATUS_FS_DRIVER_REQUIRED
+    /// ([MS-SMB2] 3.3.5.15.2); Linux cifs then treats the share as non-DFS.
+    pub fn dfs_referral_request(&self) -> Option<Result<DfsReferralRequest<'_>, Smb2Error>> {
+        (self.ctl_code() == FSCTL_DFS_GET_REFERRALS)
+            .then(|| DfsReferralRequest::parse(self.input()))
+    }
+
     /// For FSCTL_VALIDATE_NEGOTIATE_INFO, the input as a checked
     /// VALIDATE_NEGOTIATE_INFO request (2.2.31.4); `None` otherwise.
     pub fn validate_negotiate_info(
@@ -174,6 +186,40 @@ impl<T: AsRef<[u8]>> IoctlRequest<T> {
             }
         }
         Ok(())
+    }
+}
+
+/// [MS-DFSC] 2.2.2 REQ_GET_DFS_REFERRAL, the input of
+/// FSCTL_DFS_GET_REFERRALS: MaxReferralLevel (2), RequestFileName (a
+/// null-terminated UTF-16LE path, `\\server\\share...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DfsReferralRequest<'a> {
+    /// MaxReferralLevel (1 to 4).
+    pub max_referral_level: u16,
+    /// RequestFileName without its terminating null (all of the bytes
+    /// after MaxReferralLevel when there is no terminator).
+    pub request_file_name: Utf16Str<'a>,
+}
+
+impl<'a> DfsReferralRequest<'a> {
+    /// Decodes the IOCTL input (at least MaxReferralLevel).
+    pub fn parse(input: &'a [u8]) -> Result<Self, Smb2Error> {
+        if input.len() < 2 {
+            return Err(Smb2Error::Truncated {
+                what: "REQ_GET_DFS_REFERRAL",
+                need: 2,
+                have: input.len(),
+            });
+        }
+        let name = &input[2..];
+        let end = name
+            .chunks_exact(2)
+            .position(|c| c == [0, 0])
+            .map_or(name.len(), |i| 2 * i);
+        Ok(DfsReferralRequest {
+            max_referral_level: u16::from_le_bytes([input[0], input[1]]),
+            request_file_name: Utf16Str::from_utf16le(&name[..end]),
+        })
     }
 }
 

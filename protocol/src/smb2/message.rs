@@ -6,7 +6,7 @@ use super::error::Smb2Error;
 use super::header::{Command, HeaderRepr, HEADER_LEN};
 use super::layout::room;
 use super::*;
-use crate::ntstatus::{STATUS_MORE_PROCESSING_REQUIRED, STATUS_SUCCESS};
+use crate::ntstatus::{STATUS_BUFFER_OVERFLOW, STATUS_MORE_PROCESSING_REQUIRED, STATUS_SUCCESS};
 
 /// Writes `header` then `body` into `buf`; returns the bytes written. Fails
 /// with `Malformed` when the header's Command is not the body's (an ERROR
@@ -57,12 +57,27 @@ pub enum RequestBody<'a> {
     Cancel(CancelRequestRepr),
     /// 2.2.28.
     Echo(EchoRequestRepr),
+    /// 2.2.26.
+    Lock(LockRequestRepr<'a>),
+    /// 2.2.33.
+    QueryDirectory(QueryDirectoryRequestRepr<'a>),
+    /// 2.2.35.
+    ChangeNotify(ChangeNotifyRequestRepr),
+    /// 2.2.37.
+    QueryInfo(QueryInfoRequestRepr<'a>),
+    /// 2.2.39.
+    SetInfo(SetInfoRequestRepr<'a>),
+    /// 2.2.24 (acknowledgment: oplock or lease form).
+    OplockBreak(OplockBreakRepr),
 }
 
 impl<'a> RequestBody<'a> {
-    /// Checks and decodes `body` as the request `command` names. A command
-    /// this crate does not decode is `UnsupportedCommand`
-    /// (STATUS_NOT_SUPPORTED).
+    /// Checks and decodes `body` as the request `command` names. Only
+    /// SERVER_TO_CLIENT_NOTIFICATION (never a request) is
+    /// `UnsupportedCommand` (STATUS_NOT_SUPPORTED). Every command a server
+    /// does not implement still decodes, so a malformed body of it is
+    /// STATUS_INVALID_PARAMETER like any other; the server answers a
+    /// well-formed one STATUS_NOT_SUPPORTED itself.
     pub fn parse(command: Command, body: &'a [u8]) -> Result<Self, Smb2Error> {
         Ok(match command {
             Command::Negotiate => RequestBody::Negotiate(NegotiateRequestRepr::from_body(body)?),
@@ -84,6 +99,16 @@ impl<'a> RequestBody<'a> {
             Command::Ioctl => RequestBody::Ioctl(IoctlRequestRepr::from_body(body)?),
             Command::Cancel => RequestBody::Cancel(CancelRequestRepr::from_body(body)?),
             Command::Echo => RequestBody::Echo(EchoRequestRepr::from_body(body)?),
+            Command::Lock => RequestBody::Lock(LockRequestRepr::from_body(body)?),
+            Command::QueryDirectory => {
+                RequestBody::QueryDirectory(QueryDirectoryRequestRepr::from_body(body)?)
+            }
+            Command::ChangeNotify => {
+                RequestBody::ChangeNotify(ChangeNotifyRequestRepr::from_body(body)?)
+            }
+            Command::QueryInfo => RequestBody::QueryInfo(QueryInfoRequestRepr::from_body(body)?),
+            Command::SetInfo => RequestBody::SetInfo(SetInfoRequestRepr::from_body(body)?),
+            Command::OplockBreak => RequestBody::OplockBreak(OplockBreakRepr::from_body(body)?),
             other => return Err(Smb2Error::UnsupportedCommand { command: other }),
         })
     }
@@ -104,6 +129,12 @@ impl<'a> RequestBody<'a> {
             RequestBody::Ioctl(r) => r,
             RequestBody::Cancel(r) => r,
             RequestBody::Echo(r) => r,
+            RequestBody::Lock(r) => r,
+            RequestBody::QueryDirectory(r) => r,
+            RequestBody::ChangeNotify(r) => r,
+            RequestBody::QueryInfo(r) => r,
+            RequestBody::SetInfo(r) => r,
+            RequestBody::OplockBreak(r) => r,
         }
     }
 
@@ -123,6 +154,12 @@ impl<'a> RequestBody<'a> {
             RequestBody::Ioctl(_) => Command::Ioctl,
             RequestBody::Cancel(_) => Command::Cancel,
             RequestBody::Echo(_) => Command::Echo,
+            RequestBody::Lock(_) => Command::Lock,
+            RequestBody::QueryDirectory(_) => Command::QueryDirectory,
+            RequestBody::ChangeNotify(_) => Command::ChangeNotify,
+            RequestBody::QueryInfo(_) => Command::QueryInfo,
+            RequestBody::SetInfo(_) => Command::SetInfo,
+            RequestBody::OplockBreak(_) => Command::OplockBreak,
         }
     }
 }
@@ -156,6 +193,19 @@ pub enum ResponseBody<'a> {
     Ioctl(IoctlResponseRepr<'a>),
     /// 2.2.29.
     Echo(EchoResponseRepr),
+    /// 2.2.27.
+    Lock(LockResponseRepr),
+    /// 2.2.34.
+    QueryDirectory(QueryDirectoryResponseRepr<'a>),
+    /// 2.2.36.
+    ChangeNotify(ChangeNotifyResponseRepr<'a>),
+    /// 2.2.38.
+    QueryInfo(QueryInfoResponseRepr<'a>),
+    /// 2.2.40.
+    SetInfo(SetInfoResponseRepr),
+    /// 2.2.25 response or 2.2.23.1 notification (oplock or lease form of
+    /// 24 or 36 bytes).
+    OplockBreak(OplockBreakRepr),
 }
 
 impl<'a> ResponseBody<'a> {
@@ -164,16 +214,25 @@ impl<'a> ResponseBody<'a> {
     /// It is an ERROR response ([MS-SMB2] 2.2.2) when Status is not
     /// STATUS_SUCCESS, the body's StructureSize is 9 and it is not the
     /// SESSION_SETUP response that carries STATUS_MORE_PROCESSING_REQUIRED
-    /// (3.2.5.3.1). Other non-success statuses with the command's own
+    /// (3.2.5.3.1), nor a QUERY_INFO, QUERY_DIRECTORY or CHANGE_NOTIFY
+    /// response (StructureSize 9 too) carrying STATUS_BUFFER_OVERFLOW, the
+    /// warning of an output truncated to OutputBufferLength (3.3.5.20,
+    /// 3.2.5.1.6). Other non-success statuses with the command's own
     /// StructureSize (STATUS_BUFFER_OVERFLOW on READ or IOCTL, 3.2.5.1.x)
     /// decode as the command's response.
     pub fn parse(header: &HeaderRepr, body: &'a [u8]) -> Result<Self, Smb2Error> {
         let structure_size = body.get(0..2).map(|s| u16::from_le_bytes([s[0], s[1]]));
         let session_continues = header.command == Command::SessionSetup
             && header.status == STATUS_MORE_PROCESSING_REQUIRED;
+        let truncated_output = header.status == STATUS_BUFFER_OVERFLOW
+            && matches!(
+                header.command,
+                Command::QueryInfo | Command::QueryDirectory | Command::ChangeNotify
+            );
         if header.status != STATUS_SUCCESS
             && structure_size == Some(ErrorResponse::<&[u8]>::STRUCTURE_SIZE)
             && !session_continues
+            && !truncated_output
         {
             return Ok(ResponseBody::Error(ErrorResponseRepr::from_body(body)?));
         }
@@ -196,6 +255,16 @@ impl<'a> ResponseBody<'a> {
             Command::Write => ResponseBody::Write(WriteResponseRepr::from_body(body)?),
             Command::Ioctl => ResponseBody::Ioctl(IoctlResponseRepr::from_body(body)?),
             Command::Echo => ResponseBody::Echo(EchoResponseRepr::from_body(body)?),
+            Command::Lock => ResponseBody::Lock(LockResponseRepr::from_body(body)?),
+            Command::QueryDirectory => {
+                ResponseBody::QueryDirectory(QueryDirectoryResponseRepr::from_body(body)?)
+            }
+            Command::ChangeNotify => {
+                ResponseBody::ChangeNotify(ChangeNotifyResponseRepr::from_body(body)?)
+            }
+            Command::QueryInfo => ResponseBody::QueryInfo(QueryInfoResponseRepr::from_body(body)?),
+            Command::SetInfo => ResponseBody::SetInfo(SetInfoResponseRepr::from_body(body)?),
+            Command::OplockBreak => ResponseBody::OplockBreak(OplockBreakRepr::from_body(body)?),
             other => return Err(Smb2Error::UnsupportedCommand { command: other }),
         })
     }
@@ -216,6 +285,12 @@ impl<'a> ResponseBody<'a> {
             ResponseBody::Write(r) => r,
             ResponseBody::Ioctl(r) => r,
             ResponseBody::Echo(r) => r,
+            ResponseBody::Lock(r) => r,
+            ResponseBody::QueryDirectory(r) => r,
+            ResponseBody::ChangeNotify(r) => r,
+            ResponseBody::QueryInfo(r) => r,
+            ResponseBody::SetInfo(r) => r,
+            ResponseBody::OplockBreak(r) => r,
         }
     }
 }

@@ -45,8 +45,12 @@
 mod bitmask;
 #[macro_use]
 mod body;
+#[macro_use]
+mod output_response;
 
+pub mod auth;
 mod cancel;
+mod change_notify;
 mod channel;
 mod close;
 mod compound;
@@ -57,15 +61,22 @@ mod error;
 mod error_response;
 mod file_id;
 mod flush;
+pub mod fscc;
 mod header;
 mod ioctl;
 mod layout;
+mod lock;
 mod logoff;
 mod message;
 mod negotiate;
 mod negotiate_context;
+mod netif;
+mod oplock_break;
+mod query_directory;
+mod query_info;
 mod read;
 mod session_setup;
+mod set_info;
 mod tree_connect;
 mod tree_disconnect;
 mod u16_array;
@@ -76,6 +87,10 @@ mod write;
 pub use crate::sqos::Guid;
 pub use body::Smb2Body;
 pub use cancel::{CancelRequest, CancelRequestRepr};
+pub use change_notify::{
+    ChangeNotifyFlags, ChangeNotifyRequest, ChangeNotifyRequestRepr, ChangeNotifyResponse,
+    ChangeNotifyResponseRepr, CompletionFilter,
+};
 pub use channel::{Channel, ChannelInfo};
 pub use close::{CloseFlags, CloseRequest, CloseRequestRepr, CloseResponse, CloseResponseRepr};
 pub use compound::{compound, CompoundIter, CompoundWriter, Message};
@@ -85,11 +100,15 @@ pub use create::{
     OplockLevel, ShareAccess,
 };
 pub use create_context::{
-    CreateContext, CreateContextIter, CreateContextList, SMB2_CREATE_ALLOCATION_SIZE,
-    SMB2_CREATE_DURABLE_HANDLE_RECONNECT, SMB2_CREATE_DURABLE_HANDLE_RECONNECT_V2,
-    SMB2_CREATE_DURABLE_HANDLE_REQUEST, SMB2_CREATE_DURABLE_HANDLE_REQUEST_V2,
-    SMB2_CREATE_EA_BUFFER, SMB2_CREATE_QUERY_MAXIMAL_ACCESS_REQUEST, SMB2_CREATE_QUERY_ON_DISK_ID,
-    SMB2_CREATE_REQUEST_LEASE, SMB2_CREATE_SD_BUFFER, SMB2_CREATE_TIMEWARP_TOKEN,
+    CreateContext, CreateContextIter, CreateContextList, CreateContextRequest,
+    DurableHandleRequestV2, LeaseFlags, LeaseRequest, LeaseRequestV2, LeaseState,
+    MaximalAccessRequest, MaximalAccessResponse, QueryOnDiskIdResponse,
+    SMB2_CREATE_ALLOCATION_SIZE, SMB2_CREATE_APP_INSTANCE_ID, SMB2_CREATE_DURABLE_HANDLE_RECONNECT,
+    SMB2_CREATE_DURABLE_HANDLE_RECONNECT_V2, SMB2_CREATE_DURABLE_HANDLE_REQUEST,
+    SMB2_CREATE_DURABLE_HANDLE_REQUEST_V2, SMB2_CREATE_EA_BUFFER, SMB2_CREATE_POSIX_CONTEXT,
+    SMB2_CREATE_QUERY_MAXIMAL_ACCESS_REQUEST, SMB2_CREATE_QUERY_MAXIMAL_ACCESS_RESPONSE,
+    SMB2_CREATE_QUERY_ON_DISK_ID, SMB2_CREATE_REQUEST_LEASE, SMB2_CREATE_SD_BUFFER,
+    SMB2_CREATE_TIMEWARP_TOKEN,
 };
 pub use echo::{EchoRequest, EchoRequestRepr, EchoResponse, EchoResponseRepr};
 pub use error::{ServerAction, Smb2Error};
@@ -101,9 +120,14 @@ pub use header::{
     PROTOCOL_ID, TRANSFORM_PROTOCOL_ID,
 };
 pub use ioctl::{
-    IoctlFlags, IoctlRequest, IoctlRequestRepr, IoctlResponse, IoctlResponseRepr,
-    FSCTL_DFS_GET_REFERRALS, FSCTL_DFS_GET_REFERRALS_EX, FSCTL_PIPE_TRANSCEIVE, FSCTL_PIPE_WAIT,
-    FSCTL_QUERY_NETWORK_INTERFACE_INFO, FSCTL_STORAGE_QOS_CONTROL, FSCTL_VALIDATE_NEGOTIATE_INFO,
+    DfsReferralRequest, IoctlFlags, IoctlRequest, IoctlRequestRepr, IoctlResponse,
+    IoctlResponseRepr, FSCTL_DFS_GET_REFERRALS, FSCTL_DFS_GET_REFERRALS_EX, FSCTL_PIPE_TRANSCEIVE,
+    FSCTL_PIPE_WAIT, FSCTL_QUERY_NETWORK_INTERFACE_INFO, FSCTL_STORAGE_QOS_CONTROL,
+    FSCTL_VALIDATE_NEGOTIATE_INFO,
+};
+pub use lock::{
+    LockElement, LockElements, LockFlags, LockOperation, LockRequest, LockRequestRepr,
+    LockResponse, LockResponseRepr,
 };
 pub use logoff::{LogoffRequest, LogoffRequestRepr, LogoffResponse, LogoffResponseRepr};
 pub use message::{emit_message, RequestBody, ResponseBody};
@@ -112,15 +136,34 @@ pub use negotiate::{
     NegotiateResponseRepr, SecurityMode,
 };
 pub use negotiate_context::{
-    Cipher, EncryptionCapabilities, HashAlgorithm, NegotiateContext, NegotiateContextIter,
+    Cipher, CompressionAlgorithm, CompressionCapabilities, CompressionCapabilityFlags,
+    EncryptionCapabilities, HashAlgorithm, NegotiateContext, NegotiateContextIter,
     NegotiateContextList, NegotiateContextType, PreauthIntegrityCapabilities,
     RdmaTransformCapabilities, RdmaTransformId, SigningAlgorithm, SigningCapabilities,
+    TransportCapabilities, TransportCapabilityFlags, POSIX_EXTENSIONS_GUID,
+    SMB2_POSIX_EXTENSIONS_AVAILABLE,
+};
+pub use netif::{
+    InterfaceCapability, NetworkInterfaceInfoIter, NetworkInterfaceInfoList,
+    NetworkInterfaceInfoRepr, AF_INET6_WIRE, AF_INET_WIRE,
+};
+pub use oplock_break::{
+    LeaseBreak, LeaseBreakAckRepr, OplockBreak, OplockBreakAckRepr, OplockBreakRepr,
+};
+pub use query_directory::{
+    QueryDirectoryFlags, QueryDirectoryRequest, QueryDirectoryRequestRepr, QueryDirectoryResponse,
+    QueryDirectoryResponseRepr,
+};
+pub use query_info::{
+    fit_query_info_output, AdditionalInformation, InfoType, QueryInfoFlags, QueryInfoRequest,
+    QueryInfoRequestRepr, QueryInfoResponse, QueryInfoResponseRepr,
 };
 pub use read::{ReadFlags, ReadRequest, ReadRequestRepr, ReadResponse, ReadResponseRepr};
 pub use session_setup::{
     SessionFlags, SessionSetupFlags, SessionSetupRequest, SessionSetupRequestRepr,
     SessionSetupResponse, SessionSetupResponseRepr,
 };
+pub use set_info::{SetInfoRequest, SetInfoRequestRepr, SetInfoResponse, SetInfoResponseRepr};
 pub use tree_connect::{
     ShareCapabilities, ShareFlags, ShareType, TreeConnectFlags, TreeConnectRequest,
     TreeConnectRequestRepr, TreeConnectResponse, TreeConnectResponseRepr,

@@ -570,3 +570,182 @@ impl Default for NegotiateContextList<'_> {
         NegotiateContextList::EMPTY
     }
 }
+
+// ---------------------------------------------------------------------------
+// The contexts the list keeps opaque, decoded on demand
+// ---------------------------------------------------------------------------
+//
+// A server that negotiates neither compression nor transport security
+// ignores SMB2_COMPRESSION_CAPABILITIES, SMB2_NETNAME_NEGOTIATE_CONTEXT_ID
+// and SMB2_TRANSPORT_CAPABILITIES ([MS-SMB2] 3.3.5.4), so the list walker
+// does not validate them: they stay `NegotiateContext::Other` and these
+// accessors decode them when wanted.
+
+/// ContextType of the SMB3 POSIX extensions context Linux cifs sends with
+/// the `posix` mount option (not an [MS-SMB2] value; Data is a 16-byte
+/// GUID, [`POSIX_EXTENSIONS_GUID`]). A server without POSIX extensions
+/// does not echo it.
+pub const SMB2_POSIX_EXTENSIONS_AVAILABLE: u16 = 0x0100;
+
+/// The Data of the POSIX extensions context: the GUID
+/// 93AD2550-9CB4-11E7-B423-83DE968BCD7C as wire bytes.
+pub const POSIX_EXTENSIONS_GUID: [u8; 16] = [
+    0x93, 0xAD, 0x25, 0x50, 0x9C, 0xB4, 0x11, 0xE7, 0xB4, 0x23, 0x83, 0xDE, 0x96, 0x8B, 0xCD, 0x7C,
+];
+
+wire_enum! {
+    /// [MS-SMB2] 2.2.3.1.3 CompressionAlgorithms values.
+    pub struct CompressionAlgorithm(u16) {
+        /// NONE.
+        NONE = 0x0000;
+        /// LZNT1.
+        LZNT1 = 0x0001;
+        /// LZ77.
+        LZ77 = 0x0002;
+        /// LZ77+Huffman.
+        LZ77_HUFFMAN = 0x0003;
+        /// Pattern_V1.
+        PATTERN_V1 = 0x0004;
+        /// LZ4.
+        LZ4 = 0x0005;
+    }
+}
+
+bitmask! {
+    /// [MS-SMB2] 2.2.3.1.3 Flags.
+    pub struct CompressionCapabilityFlags(u32) {
+        /// SMB2_COMPRESSION_CAPABILITIES_FLAG_CHAINED.
+        CHAINED = 0x0000_0001;
+    }
+}
+
+bitmask! {
+    /// [MS-SMB2] 2.2.3.1.5 Flags.
+    pub struct TransportCapabilityFlags(u32) {
+        /// SMB2_ACCEPT_TRANSPORT_LEVEL_SECURITY.
+        ACCEPT_TRANSPORT_LEVEL_SECURITY = 0x0000_0001;
+    }
+}
+
+/// [MS-SMB2] 2.2.3.1.3 SMB2_COMPRESSION_CAPABILITIES:
+/// CompressionAlgorithmCount (2), Padding (2), Flags (4),
+/// CompressionAlgorithms (2 each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompressionCapabilities<'a> {
+    /// Flags.
+    pub flags: CompressionCapabilityFlags,
+    /// CompressionAlgorithms ([`CompressionAlgorithm`] values); at least
+    /// one.
+    pub algorithms: U16Array<'a>,
+}
+
+impl<'a> CompressionCapabilities<'a> {
+    const WHAT: &'static str = "SMB2_COMPRESSION_CAPABILITIES";
+
+    /// Decodes a context's Data (count 0 is `Malformed`).
+    pub fn parse(data: &'a [u8]) -> Result<Self, Smb2Error> {
+        need(Self::WHAT, data, 8)?;
+        let (algorithms, _) = counted_array(Self::WHAT, data, u16::read(data, 0..2), 8)?;
+        Ok(CompressionCapabilities {
+            flags: CompressionCapabilityFlags::read(data, 4..8),
+            algorithms,
+        })
+    }
+
+    /// Length of the Data.
+    pub fn data_len(&self) -> usize {
+        8 + self.algorithms.byte_len()
+    }
+
+    /// Writes the Data (for a `NegotiateContext::Other` of type
+    /// COMPRESSION_CAPABILITIES).
+    pub fn emit_data(&self, buf: &mut [u8]) -> Result<usize, Smb2Error> {
+        let len = self.data_len();
+        super::layout::room(Self::WHAT, buf, len)?;
+        if self.algorithms.is_empty() {
+            return Err(Smb2Error::Malformed {
+                what: Self::WHAT,
+                field: "count (0; MUST be greater than 0)",
+            });
+        }
+        let count: u16 = fit(
+            Self::WHAT,
+            "CompressionAlgorithmCount",
+            self.algorithms.len(),
+        )?;
+        count.write(buf, 0..2);
+        0u16.write(buf, 2..4);
+        self.flags.write(buf, 4..8);
+        self.algorithms.write_to(&mut buf[8..len]);
+        Ok(len)
+    }
+}
+
+/// [MS-SMB2] 2.2.3.1.5 SMB2_TRANSPORT_CAPABILITIES: Flags (4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TransportCapabilities {
+    /// Flags.
+    pub flags: TransportCapabilityFlags,
+}
+
+impl TransportCapabilities {
+    /// Decodes a context's Data.
+    pub fn parse(data: &[u8]) -> Result<Self, Smb2Error> {
+        need("SMB2_TRANSPORT_CAPABILITIES", data, 4)?;
+        Ok(TransportCapabilities {
+            flags: TransportCapabilityFlags::read(data, 0..4),
+        })
+    }
+
+    /// The Data bytes.
+    pub fn to_bytes(&self) -> [u8; 4] {
+        self.flags.0.to_le_bytes()
+    }
+}
+
+impl<'a> NegotiateContext<'a> {
+    /// For SMB2_COMPRESSION_CAPABILITIES, its decoded Data.
+    pub fn compression(&self) -> Option<Result<CompressionCapabilities<'a>, Smb2Error>> {
+        match *self {
+            NegotiateContext::Other { context_type, data }
+                if context_type == NegotiateContextType::COMPRESSION_CAPABILITIES.0 =>
+            {
+                Some(CompressionCapabilities::parse(data))
+            }
+            _ => None,
+        }
+    }
+
+    /// For SMB2_NETNAME_NEGOTIATE_CONTEXT_ID ([MS-SMB2] 2.2.3.1.4), the
+    /// NetName the client connects to (UTF-16LE, not terminated).
+    pub fn netname(&self) -> Option<super::utf16::Utf16Str<'a>> {
+        match *self {
+            NegotiateContext::Other { context_type, data }
+                if context_type == NegotiateContextType::NETNAME_NEGOTIATE_CONTEXT_ID.0 =>
+            {
+                Some(super::utf16::Utf16Str::from_utf16le(data))
+            }
+            _ => None,
+        }
+    }
+
+    /// For SMB2_TRANSPORT_CAPABILITIES, its decoded Data.
+    pub fn transport(&self) -> Option<Result<TransportCapabilities, Smb2Error>> {
+        match *self {
+            NegotiateContext::Other { context_type, data }
+                if context_type == NegotiateContextType::TRANSPORT_CAPABILITIES.0 =>
+            {
+                Some(TransportCapabilities::parse(data))
+            }
+            _ => None,
+        }
+    }
+
+    /// True for the SMB3 POSIX extensions context (ContextType 0x0100 with
+    /// the POSIX GUID as Data).
+    pub fn is_posix_extensions(&self) -> bool {
+        matches!(*self, NegotiateContext::Other { context_type, data }
+            if context_type == SMB2_POSIX_EXTENSIONS_AVAILABLE
+                && data.get(..16) == Some(&POSIX_EXTENSIONS_GUID[..]))
+    }
+}

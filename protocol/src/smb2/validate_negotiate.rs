@@ -119,6 +119,25 @@ impl<'a> ValidateNegotiateInfoRequestRepr<'a> {
         })
     }
 
+    /// [MS-SMB2] 3.3.5.15.12: true when the request repeats what the
+    /// client sent in NEGOTIATE (Connection.ClientCapabilities, ClientGuid,
+    /// ClientSecurityMode and ClientDialects, the dialects in the same
+    /// order). On a mismatch the server terminates the connection; on a
+    /// match it answers with a [`ValidateNegotiateInfoResponseRepr`] of its
+    /// own NEGOTIATE response values.
+    pub fn matches_negotiate(
+        &self,
+        capabilities: Capabilities,
+        guid: Guid,
+        security_mode: SecurityMode,
+        dialects: U16Array<'_>,
+    ) -> bool {
+        self.capabilities == capabilities
+            && self.guid == guid
+            && self.security_mode == security_mode
+            && self.dialects == dialects
+    }
+
     /// 24 + 2 per dialect.
     pub fn buffer_len(&self) -> usize {
         req_field::DIALECTS + self.dialects.byte_len()
