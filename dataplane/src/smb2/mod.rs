@@ -34,6 +34,7 @@
 pub mod client;
 pub mod dirstore;
 pub mod memstore;
+mod fs;
 pub mod store;
 
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
@@ -88,6 +89,9 @@ pub struct Smb2Config {
     /// The share's default Storage QoS policy: every file Open on it becomes
     /// a logical flow under this PolicyID (`--share NAME:policy=GUID`).
     pub default_policy: Option<smbdirect_protocol::sqos::Guid>,
+    /// Byte-range locks of the share's files, shared by every worker (LOCK
+    /// is not on the READ/WRITE path).
+    pub locks: std::sync::Arc<fs::LockTable>,
 }
 
 impl Default for Smb2Config {
@@ -97,6 +101,7 @@ impl Default for Smb2Config {
             qos_max_flows: 4096,
             qos_max_queued: 8192,
             default_policy: None,
+            locks: Default::default(),
         }
     }
 }
@@ -112,6 +117,12 @@ struct Open {
     flow: Option<FlowSlot>,
     /// Named in a QoS request: the control plane keeps state for it.
     qos_named: bool,
+    /// The store's id of the file (FileInternalInformation, lock table key).
+    file_id: u64,
+    /// The share-relative path it was opened by (FileNameInformation).
+    path: String,
+    /// QUERY_DIRECTORY enumeration state (fs.rs).
+    dir: Option<fs::DirCursor>,
 }
 
 /// [MS-SMB2] 3.3.1.1 CommandSequenceWindow: the MessageIds granted and not
@@ -1122,6 +1133,9 @@ impl Core {
                         is_dir: info.is_dir,
                         flow: None,
                         qos_named: default_flow,
+                        file_id: info.file_id,
+                        path: name.clone(),
+                        dir: None,
                     },
                 );
                 self.opens += 1;
@@ -1237,13 +1251,27 @@ impl Core {
                 Ok(Step::Done)
             }
             RequestBody::Cancel(_) => Ok(Step::Done),
-            // Not served yet (the Linux-client issue adds them).
-            RequestBody::Lock(_)
-            | RequestBody::QueryDirectory(_)
-            | RequestBody::ChangeNotify(_)
-            | RequestBody::QueryInfo(_)
-            | RequestBody::SetInfo(_)
-            | RequestBody::OplockBreak(_) => Err(STATUS_NOT_SUPPORTED),
+            // File-system commands (fs.rs).
+            RequestBody::QueryInfo(r) => {
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                self.query_info(c, fid, &r, ex, w, ok(session, tree))
+            }
+            RequestBody::SetInfo(r) => {
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                self.set_info(c, fid, &r, ex, w, ok(session, tree))
+            }
+            RequestBody::QueryDirectory(r) => {
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                self.query_directory(c, fid, &r, ex, w, ok(session, tree))
+            }
+            RequestBody::Lock(r) => {
+                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
+                self.lock(c, fid, &r, ex, w, ok(session, tree))
+            }
+            // [MS-SMB2] 3.3.5.19: change notifications are not offered.
+            RequestBody::ChangeNotify(_) => Err(STATUS_NOT_SUPPORTED),
+            // No oplocks or leases are ever granted (3.3.5.22).
+            RequestBody::OplockBreak(_) => Err(STATUS_INVALID_OPLOCK_PROTOCOL),
             RequestBody::Read(r) => {
                 let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
                 let o = &c.opens[&fid.volatile];
