@@ -1,6 +1,8 @@
 //! `smbdirectd`: wires the command line to the crates.
 
 mod qos_cli;
+mod torture;
+mod user_cli;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use smbdirect_controlplane::{admin, cores, signals, start, ServerConfig};
@@ -69,6 +71,12 @@ enum Command {
         #[command(subcommand)]
         cmd: qos_cli::QosCommand,
     },
+    /// Local users for SESSION_SETUP (NTLMv2): add, remove, list the
+    /// accounts of a user store file; passwords are read from standard input.
+    User {
+        #[command(subcommand)]
+        cmd: user_cli::UserCommand,
+    },
     /// List usable providers, RDMA devices and ports, hugepages, and what
     /// `--provider auto` would choose.
     Devices,
@@ -77,6 +85,17 @@ enum Command {
     /// workload; print ops/s, MB/s and latency percentiles, optionally as
     /// JSON, HdrHistogram text and an SVG plot (README.md, "Benchmarks").
     Bench(smbdirect_benches::bench::BenchArgs),
+    /// Hostile and faulty peers against a running `serve` (`--connect
+    /// ADDR:PORT`), in the spirit of Samba's smbtorture: each case breaks
+    /// one rule of [MS-SMBD], [MS-SMB2] or [MS-SQOS] and checks the
+    /// server's reaction against the outcome the specification prescribes,
+    /// then that a fresh connection is still served. `--list` shows the
+    /// cases, `--case NAME` (repeatable) picks some, `--json FILE` writes
+    /// the results, `--keepalive-interval SECS` tells the keepalive cases
+    /// the server's interval (skipped without it), `--timeout SECS` bounds
+    /// every wait. Exit status 0 when every case passed, 1 when one failed,
+    /// 2 for bad usage (docs/reliability.md).
+    Torture(torture::TortureArgs),
     /// The main job on a machine without RDMA hardware: `serve` (control
     /// plane + a pinned worker, echo upper layer) on the soft RDMA provider
     /// and an SMB Direct client on another core, exchanging echo round trips;
@@ -239,8 +258,10 @@ fn main() -> ExitCode {
             port,
         } => stats(json, admin_socket, port),
         Command::Qos { cmd } => qos_cli::run(cmd),
+        Command::User { cmd } => user_cli::run(cmd),
         Command::Devices => devices(),
         Command::Bench(a) => smbdirect_benches::bench::main(&a),
+        Command::Torture(a) => torture::run(a),
         Command::Loopback {
             size,
             duration,

@@ -24,7 +24,7 @@ use crate::planes::{
     CloseReason, ConnId, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
 };
 use crate::provider::{
-    Completion, CompletionQueue, MemoryRegion, Provider, QpId, QueuePair, WcStatus,
+    Completion, CompletionQueue, MemoryRegion, Provider, QpId, QpState, QueuePair, WcStatus,
 };
 use crate::upper::{Backpressure, QueuedReply, RdmaDone, Replies, UpperIo, UpperLayer};
 use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
@@ -649,6 +649,14 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let now = self.now();
         for slot in self.slots.iter_mut().flatten() {
             if slot.closing.is_some() {
+                continue;
+            }
+            // A broken queue pair with nothing posted produces no flushed
+            // completion to notice it by (e.g. the peer's send met RNR while
+            // we had no receive posted): look at its state.
+            if slot.ep.qp().state() == QpState::Error {
+                slot.closing = Some(CloseReason::Provider(WcStatus::Flushed));
+                slot.dirty = true;
                 continue;
             }
             if slot.next_timer.is_some_and(|t| t <= now) {

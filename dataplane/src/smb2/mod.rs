@@ -558,6 +558,9 @@ fn le64(b: &[u8], at: usize) -> u64 {
         .unwrap_or(0)
 }
 
+/// Descriptor lists up to this long are checked for overlapping ranges.
+const OVERLAP_CHECK_MAX: usize = 512;
+
 /// RDMA context mode: answered from the context on completion.
 const MODE_FAST: u8 = 1;
 /// RDMA context mode: the message is held; completion resumes it.
@@ -590,6 +593,24 @@ fn rdma_channel<'a>(
     let described: u64 = descs.chunks_exact(16).map(|d| u64::from(le32(d, 12))).sum();
     if described < u64::from(len) {
         return Err(STATUS_INVALID_PARAMETER);
+    }
+    // Two descriptors of the same token that overlap describe one byte of
+    // the client's buffer twice: not a buffer ([MS-SMBD] 3.1.4.3 lists each
+    // memory location once). Checked pairwise up to OVERLAP_CHECK_MAX
+    // descriptors (no allocation); see docs/spec-notes.md.
+    let n = descs.len() / 16;
+    if n <= OVERLAP_CHECK_MAX {
+        for i in 0..n {
+            let a = &descs[i * 16..i * 16 + 16];
+            let (ao, at, al) = (le64(a, 0), le32(a, 8), u64::from(le32(a, 12)));
+            for j in i + 1..n {
+                let b = &descs[j * 16..j * 16 + 16];
+                let (bo, bt, bl) = (le64(b, 0), le32(b, 8), u64::from(le32(b, 12)));
+                if at == bt && ao < bo.saturating_add(bl) && bo < ao.saturating_add(al) {
+                    return Err(STATUS_INVALID_PARAMETER);
+                }
+            }
+        }
     }
     Ok(descs)
 }
