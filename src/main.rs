@@ -5,11 +5,12 @@ mod torture;
 mod user_cli;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use smbdirect_controlplane::qos_policy::PolicyStore;
+use smbdirect_controlplane::users::UserStore;
 use smbdirect_controlplane::{admin, cores, signals, start, ServerConfig};
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
 use smbdirect_dataplane::provider::Provider;
-use smbdirect_controlplane::qos_policy::PolicyStore;
 use smbdirect_dataplane::smb2::store::{DirStoreFactory, MemStoreFactory, StoreFactory};
 use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
 use smbdirect_dataplane::upper::Echo;
@@ -201,6 +202,19 @@ struct ServeArgs {
     /// is refused with STATUS_INSUFFICIENT_RESOURCES).
     #[arg(long, default_value_t = 65_536)]
     qos_max_flows: usize,
+    /// Local users (`smbdirectd user add ... --users FILE`): SESSION_SETUP
+    /// then authenticates with NTLMSSP (NTLMv2), raw or in SPNEGO. Without
+    /// it every session is anonymous/guest. The file is re-read when it
+    /// changes.
+    #[arg(long, value_name = "FILE")]
+    users: Option<PathBuf>,
+    /// With --users: also accept anonymous (null) sessions.
+    #[arg(long)]
+    guest_ok: bool,
+    /// Require signed requests and sign every response of authenticated
+    /// sessions (SMB2_NEGOTIATE_SIGNING_REQUIRED).
+    #[arg(long)]
+    require_signing: bool,
     /// Admin socket path [default: /run/smbdirectd/smbdirectd-PORT.sock].
     #[arg(long)]
     admin_socket: Option<PathBuf>,
@@ -220,10 +234,56 @@ struct ServeArgs {
     log_level: String,
 }
 
+/// The `--users` file as SESSION_SETUP sees it: re-read (at most once a
+/// second) when its modification time changes, so `smbdirectd user add`
+/// takes effect without a restart.
+#[derive(Debug)]
+struct UsersFile {
+    path: PathBuf,
+    state: std::sync::Mutex<(Option<std::time::SystemTime>, std::time::Instant, UserStore)>,
+}
+
+impl UsersFile {
+    fn open(path: &std::path::Path) -> Result<Self, String> {
+        let store = UserStore::load(path).map_err(|e| e.to_string())?;
+        for w in store.warnings() {
+            eprintln!("smbdirectd: warn: {w}");
+        }
+        let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        Ok(UsersFile {
+            path: path.to_path_buf(),
+            state: std::sync::Mutex::new((mtime, std::time::Instant::now(), store)),
+        })
+    }
+}
+
+impl smbdirect_dataplane::smb2::UserLookup for UsersFile {
+    fn nt_hash(&self, user: &str) -> Option<[u8; 16]> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if g.1.elapsed() >= Duration::from_secs(1) {
+            g.1 = std::time::Instant::now();
+            let mtime = std::fs::metadata(&self.path)
+                .and_then(|m| m.modified())
+                .ok();
+            if mtime != g.0 {
+                match UserStore::load(&self.path) {
+                    Ok(s) => {
+                        g.0 = mtime;
+                        g.2 = s;
+                    }
+                    Err(e) => eprintln!(
+                        "smbdirectd: warn: --users {}: keeping the previous users: {e}",
+                        self.path.display()
+                    ),
+                }
+            }
+        }
+        g.2.nt_hash(user)
+    }
+}
+
 /// `NAME` or `NAME:policy=GUID`.
-fn parse_share(
-    arg: &str,
-) -> Result<(String, Option<smbdirect_protocol::sqos::Guid>), String> {
+fn parse_share(arg: &str) -> Result<(String, Option<smbdirect_protocol::sqos::Guid>), String> {
     let (name, opts) = arg.split_once(':').unwrap_or((arg, ""));
     if name.is_empty() || name.contains(['\\', '/']) || name.len() > 80 {
         return Err(format!("'{name}' is not a plain share name"));
@@ -327,9 +387,27 @@ fn serve(a: ServeArgs) -> ExitCode {
         Ok(v) => v,
         Err(e) => return usage_error(format!("--share: {e}")),
     };
+    let users: Option<Arc<dyn smbdirect_dataplane::smb2::UserLookup>> = match &a.users {
+        Some(p) => match UsersFile::open(p) {
+            Ok(u) => Some(Arc::new(u)),
+            Err(e) => return usage_error(format!("--users: {e}")),
+        },
+        None => None,
+    };
+    let guest_ok = users.is_none() || a.guest_ok;
     let smb2 = Smb2Config {
+        users,
+        guest_ok,
+        require_signing: a.require_signing,
         share: share_name,
         default_policy,
+        // FSCTL_QUERY_NETWORK_INTERFACE_INFO reports the listen address
+        // when it names one (a wildcard has nothing to report).
+        interfaces: if a.listen.ip().is_unspecified() {
+            Vec::new()
+        } else {
+            vec![a.listen.ip()]
+        },
         ..Smb2Config::default()
     };
     let mut cfg = ServerConfig {

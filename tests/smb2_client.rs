@@ -17,7 +17,7 @@ use smbdirect_hugepages::{Backing, BufferPool, PoolConfig, SizeClass, SliceAlloc
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::{
     CreateAction, CreateDisposition, CreateOptions, Dialect, FileId, HashAlgorithm, SessionFlags,
-    ShareType, FSCTL_QUERY_NETWORK_INTERFACE_INFO,
+    ShareType, FSCTL_PIPE_TRANSCEIVE, FSCTL_PIPE_WAIT,
 };
 use smbdirect_protocol::smbd::SmbdConfig;
 use smbdirect_protocol::sqos::client::{LogicalFlow, PolicyParams};
@@ -589,11 +589,11 @@ fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
 
     // An IOCTL this server does not implement.
     assert_eq!(
-        status(c.ioctl(fid, FSCTL_QUERY_NETWORK_INTERFACE_INFO, &[], 4096)),
+        status(c.ioctl(fid, FSCTL_PIPE_TRANSCEIVE, &[], 4096)),
         STATUS_NOT_SUPPORTED
     );
     assert_eq!(
-        status(c.ioctl(FileId::ANY, FSCTL_QUERY_NETWORK_INTERFACE_INFO, &[], 4096)),
+        status(c.ioctl(FileId::ANY, FSCTL_PIPE_WAIT, &[], 4096)),
         STATUS_NOT_SUPPORTED
     );
 

@@ -40,6 +40,7 @@ pub mod store;
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
 use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo, UpperLayer};
 use smbdirect_protocol::ntstatus::*;
+use smbdirect_protocol::smb2::auth;
 use smbdirect_protocol::smb2::*;
 use smbdirect_protocol::sqos::enforcement::{FlowSlot, Scheduler, SchedulerConfig};
 use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
@@ -76,6 +77,9 @@ const QOS_DISPATCH_BUDGET: usize = 32;
 /// Largest Storage QoS control request forwarded to the control plane
 /// (the fixed part plus two maximal names, [MS-SQOS] 2.2.2.2).
 const MAX_QOS_REQUEST: usize = 4096;
+/// LinkSpeed FSCTL_QUERY_NETWORK_INTERFACE_INFO reports (10 Gb/s, bits per
+/// second; [MS-SMB2] 2.2.32.5: implementation-specific).
+const INTERFACE_LINK_SPEED: u64 = 10_000_000_000;
 
 /// How the SMB2 layer of each worker is set up.
 #[derive(Debug, Clone)]
@@ -89,9 +93,24 @@ pub struct Smb2Config {
     /// The share's default Storage QoS policy: every file Open on it becomes
     /// a logical flow under this PolicyID (`--share NAME:policy=GUID`).
     pub default_policy: Option<smbdirect_protocol::sqos::Guid>,
+    /// Local users ([MS-SMB2] 3.3.5.5.3 with NTLMSSP): None serves
+    /// anonymous/guest sessions only (any security buffer is accepted).
+    pub users: Option<std::sync::Arc<dyn UserLookup>>,
+    /// With `users`: sessions without credentials (anonymous NTLMSSP, an
+    /// empty security buffer) are accepted as null sessions.
+    pub guest_ok: bool,
+    /// Sign every response of authenticated sessions and require signed
+    /// requests (SMB2_NEGOTIATE_SIGNING_REQUIRED).
+    pub require_signing: bool,
+    /// The server's name in NTLMSSP CHALLENGE target info.
+    pub server_name: String,
     /// Byte-range locks of the share's files, shared by every worker (LOCK
     /// is not on the READ/WRITE path).
     pub locks: std::sync::Arc<fs::LockTable>,
+    /// The addresses FSCTL_QUERY_NETWORK_INTERFACE_INFO reports, one
+    /// RDMA-capable interface each ([MS-SMB2] 3.3.5.15.11); empty: the
+    /// FSCTL is STATUS_NOT_SUPPORTED.
+    pub interfaces: Vec<std::net::IpAddr>,
 }
 
 impl Default for Smb2Config {
@@ -101,9 +120,49 @@ impl Default for Smb2Config {
             qos_max_flows: 4096,
             qos_max_queued: 8192,
             default_policy: None,
+            users: None,
+            guest_ok: true,
+            require_signing: false,
+            server_name: "smbdirectd".into(),
             locks: Default::default(),
+            interfaces: Vec::new(),
         }
     }
+}
+
+/// Where SESSION_SETUP finds a user's NT hash (MD4 of the UTF-16LE
+/// password), e.g. the daemon's `--users` file.
+pub trait UserLookup: Send + Sync + core::fmt::Debug {
+    /// The NT hash of `user` (case-insensitive), if it may log on.
+    fn nt_hash(&self, user: &str) -> Option<[u8; 16]>;
+}
+
+/// What the client said in NEGOTIATE, for FSCTL_VALIDATE_NEGOTIATE_INFO
+/// ([MS-SMB2] 3.3.5.15.12), and what was settled.
+#[derive(Debug)]
+struct NegotiateState {
+    client_capabilities: u32,
+    client_guid: Guid,
+    client_security_mode: u16,
+    client_dialects: Vec<u16>,
+    server_capabilities: u32,
+    server_security_mode: u16,
+    signing: Option<SigningAlgorithm>,
+}
+
+/// A session's authentication and signing state.
+#[derive(Debug)]
+struct SessionAuth {
+    /// NTLMSSP exchange in progress.
+    acceptor: Option<auth::Acceptor>,
+    /// 3.1.1 Session.PreauthIntegrityHashValue.
+    preauth: Option<auth::preauth::PreauthHash>,
+    /// Session.SigningKey (None: null/anonymous session).
+    key: Option<[u8; 16]>,
+    /// Session.SigningRequired.
+    signing_required: bool,
+    /// Authentication completed.
+    ready: bool,
 }
 
 /// One open.
@@ -193,6 +252,12 @@ impl SeqWindow {
 struct Conn {
     dialect: Option<Dialect>,
     session: Option<u64>,
+    /// Authentication state of `session`.
+    auth: Option<SessionAuth>,
+    /// NEGOTIATE as received and answered.
+    neg: Option<NegotiateState>,
+    /// 3.1.1 Connection.PreauthIntegrityHashValue.
+    preauth: Option<auth::preauth::PreauthHash>,
     /// Trees connected: bit 0 the share, bit 1 IPC$.
     trees: u8,
     opens: HashMap<u64, Open>,
@@ -214,6 +279,9 @@ impl Conn {
         Conn {
             dialect: None,
             session: None,
+            auth: None,
+            neg: None,
+            preauth: None,
             trees: 0,
             opens: HashMap::new(),
             outstanding: 1,
@@ -294,6 +362,13 @@ struct Exec {
     /// A held RDMA request with _INVALIDATE finished: the compound's
     /// response invalidates this token.
     invalidate: Option<u32>,
+    /// Sign the responses of this message (a request was signed, or the
+    /// session requires it, or SESSION_SETUP completed, 3.3.4.1.1).
+    sign: bool,
+    /// Response bytes to add to a preauth integrity hash (3.1.1): range in
+    /// the compound response, and whether it is the connection's hash
+    /// (NEGOTIATE) or the session's (SESSION_SETUP).
+    hash_response: Option<(usize, usize, bool)>,
 }
 
 impl Exec {
@@ -314,6 +389,8 @@ impl Exec {
             ready: false,
             pending_reply: None,
             invalidate: None,
+            sign: false,
+            hash_response: None,
         }
     }
 
@@ -401,6 +478,7 @@ struct Core {
     opens: u64,
     gauges_dirty: bool,
     full_logged_at: u64,
+    warned_at: u64,
 }
 
 impl core::fmt::Debug for Core {
@@ -464,10 +542,32 @@ impl Smb2Server {
                 opens: 0,
                 gauges_dirty: false,
                 full_logged_at: u64::MAX,
+                warned_at: u64::MAX,
             },
             conns: HashMap::new(),
             scratch: vec![0u8; SCRATCH_LEN],
         }
+    }
+}
+
+/// Fills `out` with bytes from the kernel's random source (NTLMSSP
+/// challenges, preauth salts), falling back to a mixed counter if
+/// /dev/urandom cannot be read.
+fn random_bytes(out: &mut [u8], seed: &mut u64) {
+    use std::io::Read;
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        if f.read_exact(out).is_ok() {
+            return;
+        }
+    }
+    for ch in out.chunks_mut(8) {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = *seed;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        let b = x.to_le_bytes();
+        ch.copy_from_slice(&b[..ch.len()]);
     }
 }
 
@@ -712,7 +812,12 @@ impl Core {
             let last = it.peek().is_none();
             match self.execute(c, &m, &mut ex, &mut w, max_rw, last) {
                 Step::Done => ex.advance(),
-                Step::Rdma(p) if last => fast = Some(p),
+                Step::Rdma(mut p) if last => {
+                    // Its response is built from the context on completion:
+                    // whether to sign it goes along.
+                    p.ctx[2] = u8::from(ex.sign);
+                    fast = Some(p);
+                }
                 Step::Rdma(p) => match self.stage(&p, out) {
                     Ok(()) => {
                         ex.rdma_staged = true;
@@ -774,6 +879,25 @@ impl Core {
             }
         }
         let len = w.finish();
+        if let Some((a, b, conn_hash)) = ex.hash_response.take() {
+            // 3.1.1 preauth integrity: the NEGOTIATE response into the
+            // connection's hash, a SESSION_SETUP continuation into the
+            // session's (3.3.5.4, 3.3.5.5).
+            if a < b && b <= len {
+                let bytes = &scratch[a..b];
+                let h = if conn_hash {
+                    c.preauth.as_mut()
+                } else {
+                    c.auth.as_mut().and_then(|s| s.preauth.as_mut())
+                };
+                if let Some(h) = h {
+                    h.update(bytes);
+                }
+            }
+        }
+        if ex.sign && len > 0 {
+            sign_compound(c, &mut scratch[..len]);
+        }
         if len > 0 {
             let invalidate = ex.invalidate.take();
             let fill = |b: &mut [u8]| b.copy_from_slice(&scratch[..len]);
@@ -861,7 +985,40 @@ impl Core {
                 }
             },
         };
-        match self.handle(c, &req, body, ex, w, max_rw, grant, session, tree, last) {
+        // [MS-SMB2] 3.3.5.2.4: verify the signature of a request of an
+        // authenticated session; unsigned requests are refused when the
+        // session requires signing.
+        if let (Some(a), Some(d)) = (c.auth.as_ref(), c.dialect) {
+            if a.ready && c.session == Some(session) {
+                if let Some(key) = a.key {
+                    let alg = auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
+                    let signed = req.flags.contains(HeaderFlags::SIGNED);
+                    if signed && !auth::signing::verify(alg, &key, m.bytes()) {
+                        self.warn_once(format_args!(
+                            "conn {}: a request's signature does not verify: STATUS_ACCESS_DENIED",
+                            ex.conn
+                        ));
+                        push(
+                            w,
+                            &resp_header(&req, STATUS_ACCESS_DENIED, grant, session, tree),
+                            &ErrorResponseRepr::EMPTY,
+                        );
+                        return Step::Done;
+                    }
+                    if !signed && a.signing_required && req.command != Command::Cancel {
+                        push(
+                            w,
+                            &resp_header(&req, STATUS_ACCESS_DENIED, grant, session, tree),
+                            &ErrorResponseRepr::EMPTY,
+                        );
+                        return Step::Done;
+                    }
+                    ex.sign |= signed || a.signing_required;
+                }
+            }
+        }
+        let msg_bytes = m.bytes();
+        match self.handle(c, &req, body, ex, w, max_rw, grant, session, tree, last, msg_bytes) {
             Ok(step) => step,
             Err(st) => {
                 push(
@@ -920,6 +1077,10 @@ impl Core {
     }
 
     fn close_open(&mut self, conn: ConnId, o: Open) {
+        // [MS-FSA] 2.1.5.4: a closed Open's byte-range locks are released.
+        self.cfg
+            .locks
+            .release(o.file_id, fs::LockOwner::new(conn, o.persistent));
         self.store.close(o.handle);
         if let Some(s) = o.flow {
             self.release_slot(s);
@@ -1004,13 +1165,14 @@ impl Core {
         session: u64,
         tree: u32,
         last: bool,
+        msg_bytes: &[u8],
     ) -> Result<Step<'a>, NtStatus> {
         let related = req.is_related();
         let ok = |s: u64, t: u32| resp_header(req, STATUS_SUCCESS, grant, s, t);
         // Connection, session and tree checks ([MS-SMB2] 3.3.5.2.x).
         let Some(dialect) = c.dialect else {
             if let RequestBody::Negotiate(n) = body {
-                return self.negotiate(c, req, n, w, max_rw, grant);
+                return self.negotiate(c, req, n, ex, w, max_rw, grant, msg_bytes);
             }
             return Ok(Step::Disconnect);
         };
@@ -1018,7 +1180,8 @@ impl Core {
             body,
             RequestBody::Negotiate(_) | RequestBody::SessionSetup(_) | RequestBody::Echo(_)
         );
-        if needs_session && (c.session.is_none() || c.session != Some(session)) {
+        let ready = c.auth.as_ref().is_none_or(|a| a.ready);
+        if needs_session && (!ready || c.session.is_none() || c.session != Some(session)) {
             return Err(STATUS_USER_SESSION_DELETED);
         }
         let needs_tree =
@@ -1039,6 +1202,9 @@ impl Core {
         match body {
             // 3.3.5.3.1: a second NEGOTIATE ends the connection.
             RequestBody::Negotiate(_) => Ok(Step::Disconnect),
+            RequestBody::SessionSetup(s) if self.cfg.users.is_some() => {
+                self.session_setup(c, req, &s, ex, w, grant, session, tree, msg_bytes)
+            }
             RequestBody::SessionSetup(s) => {
                 let id = match c.session {
                     Some(id) if session == id => id,
@@ -1067,6 +1233,7 @@ impl Core {
             }
             RequestBody::Logoff(_) => {
                 c.session = None;
+                c.auth = None;
                 c.trees = 0;
                 self.sessions = self.sessions.saturating_sub(1);
                 for (_, o) in c.opens.drain() {
@@ -1125,10 +1292,19 @@ impl Core {
                     directory,
                     non_directory: r.create_options.contains(CreateOptions::NON_DIRECTORY_FILE),
                 };
+                // Create contexts (fs.rs): checked before anything is opened.
+                let mut answers = fs::CreateAnswers::of(&r.create_contexts)?;
                 let (handle, act, info) = match self.store.open(tag, &oreq) {
                     Poll::Pending => return Ok(Step::Hold(Wait::Store)),
                     Poll::Ready(r) => r.map_err(|e| e.status())?,
                 };
+                if r.create_options.contains(CreateOptions::DELETE_ON_CLOSE) {
+                    // Delete pending from now on (store.rs module docs);
+                    // on failure the handle is closed.
+                    self.delete_on_close_at_create(handle, &info)?;
+                }
+                answers.opened(info.file_id, self.volume_id());
+                let (contexts, n_contexts) = answers.contexts();
                 let id = self.next_file;
                 self.next_file += 1;
                 let fid = FileId {
@@ -1174,7 +1350,7 @@ impl Core {
                     end_of_file: info.size,
                     file_attributes: attributes(info.is_dir),
                     file_id: fid,
-                    create_contexts: CreateContextList::EMPTY,
+                    create_contexts: CreateContextList::new(&contexts[..n_contexts]),
                 };
                 push(w, &ok(session, tree), &resp);
                 Ok(Step::Done)
@@ -1228,9 +1404,62 @@ impl Core {
                 push(w, &ok(session, tree), &EchoResponseRepr);
                 Ok(Step::Done)
             }
+            RequestBody::Ioctl(r)
+                if r.ctl_code == FSCTL_VALIDATE_NEGOTIATE_INFO
+                    && r.flags.contains(IoctlFlags::IS_FSCTL) =>
+            {
+                self.validate_negotiate(c, &r, w, ok(session, tree))
+            }
             RequestBody::Ioctl(r) => {
-                // [MS-SMB2] 3.3.5.15: only FSCTL_STORAGE_QOS_CONTROL
-                // ([MS-SQOS] 3.2.5.1) is served; it is an FSCTL on an open.
+                // [MS-SMB2] 3.3.5.15: FSCTLs without an open (FileId all
+                // ones, no lookup).
+                let no_open = matches!(
+                    r.ctl_code,
+                    FSCTL_QUERY_NETWORK_INTERFACE_INFO
+                        | FSCTL_DFS_GET_REFERRALS
+                        | FSCTL_DFS_GET_REFERRALS_EX
+                );
+                if no_open && r.flags.contains(IoctlFlags::IS_FSCTL) {
+                    if !r.file_id.is_any() {
+                        return Err(STATUS_INVALID_PARAMETER);
+                    }
+                    // 3.3.5.15.2: not a DFS server.
+                    if r.ctl_code != FSCTL_QUERY_NETWORK_INTERFACE_INFO {
+                        return Err(STATUS_FS_DRIVER_REQUIRED);
+                    }
+                    // 3.3.5.15.11: one RDMA-capable entry per configured
+                    // address (IfIndex from 1).
+                    if self.cfg.interfaces.is_empty() {
+                        return Err(STATUS_NOT_SUPPORTED);
+                    }
+                    let entries: Vec<NetworkInterfaceInfoRepr> = (1..)
+                        .zip(&self.cfg.interfaces)
+                        .map(|(i, &address)| NetworkInterfaceInfoRepr {
+                            if_index: i,
+                            capability: InterfaceCapability::RDMA_CAPABLE,
+                            link_speed: INTERFACE_LINK_SPEED,
+                            address,
+                        })
+                        .collect();
+                    let list = NetworkInterfaceInfoList { entries: &entries };
+                    if list.buffer_len() > r.max_output_response as usize {
+                        return Err(STATUS_BUFFER_TOO_SMALL);
+                    }
+                    let mut output = vec![0u8; list.buffer_len()];
+                    list.emit(&mut output)
+                        .map_err(|_| STATUS_INSUFFICIENT_RESOURCES)?;
+                    let resp = IoctlResponseRepr {
+                        ctl_code: r.ctl_code,
+                        file_id: r.file_id,
+                        input: &[],
+                        output: &output,
+                        flags: 0,
+                    };
+                    push(w, &ok(session, tree), &resp);
+                    return Ok(Step::Done);
+                }
+                // Otherwise only FSCTL_STORAGE_QOS_CONTROL ([MS-SQOS]
+                // 3.2.5.1) is served; it is an FSCTL on an open.
                 if r.ctl_code != FSCTL_STORAGE_QOS_CONTROL
                     || !r.flags.contains(IoctlFlags::IS_FSCTL)
                 {
@@ -1436,39 +1665,47 @@ impl Core {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn negotiate<'a>(
         &mut self,
         c: &mut Conn,
         req: &HeaderRepr,
         n: NegotiateRequestRepr<'_>,
+        ex: &mut Exec,
         w: &mut CompoundWriter<'_>,
         max_rw: u32,
         grant: u16,
+        msg_bytes: &[u8],
     ) -> Result<Step<'a>, NtStatus> {
         let dialect = [Dialect::SMB_3_1_1, Dialect::SMB_3_0_2, Dialect::SMB_3_0]
             .into_iter()
             .find(|d| n.dialects.contains(d.0))
             .ok_or(STATUS_NOT_SUPPORTED)?;
         let mut salt = [0u8; 32];
-        for (i, ch) in salt.chunks_mut(8).enumerate() {
-            // xorshift: a per-connection salt (not a secret: no signing yet).
-            let mut x = self.salt_seed.wrapping_add(i as u64 + 1);
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ch.copy_from_slice(&x.to_le_bytes());
-        }
-        self.salt_seed = self
-            .salt_seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1);
+        random_bytes(&mut salt, &mut self.salt_seed);
         let hashes = [HashAlgorithm::SHA_512.0];
-        let ctxs = [NegotiateContext::PreauthIntegrity(
-            PreauthIntegrityCapabilities {
-                hash_algorithms: U16Array::new(&hashes),
-                salt: &salt,
-            },
-        )];
+        // 3.3.5.4: SIGNING_CAPABILITIES: the first of the client's
+        // algorithms this server implements.
+        let signing = n.negotiate_contexts.iter().find_map(|ctx| match ctx {
+            NegotiateContext::Signing(sc) => sc.signing_algorithms.iter().find(|a| {
+                *a == SigningAlgorithm::AES_CMAC.0 || *a == SigningAlgorithm::AES_GMAC.0
+            }),
+            _ => None,
+        });
+        let signing_algs = [signing.unwrap_or(SigningAlgorithm::AES_CMAC.0)];
+        let preauth_ctx = NegotiateContext::PreauthIntegrity(PreauthIntegrityCapabilities {
+            hash_algorithms: U16Array::new(&hashes),
+            salt: &salt,
+        });
+        let signing_ctx = NegotiateContext::Signing(SigningCapabilities {
+            signing_algorithms: U16Array::new(&signing_algs),
+        });
+        let ctxs_signing = [preauth_ctx, signing_ctx];
+        let n_ctx = if dialect == Dialect::SMB_3_1_1 && signing.is_some() {
+            2
+        } else {
+            1
+        };
         let contexts = if dialect == Dialect::SMB_3_1_1 {
             // 3.3.5.4: 3.1.1 requires a preauth integrity context with SHA-512.
             match n
@@ -1479,28 +1716,266 @@ impl Core {
                     if p.hash_algorithms.contains(HashAlgorithm::SHA_512.0) => {}
                 _ => return Err(STATUS_INVALID_PARAMETER),
             }
-            NegotiateContextList::new(&ctxs)
+            NegotiateContextList::new(&ctxs_signing[..n_ctx])
         } else {
             NegotiateContextList::EMPTY
         };
         c.dialect = Some(dialect);
+        let security_mode = if self.cfg.require_signing {
+            SecurityMode::SIGNING_ENABLED | SecurityMode::SIGNING_REQUIRED
+        } else {
+            SecurityMode::SIGNING_ENABLED
+        };
         // Truthful capabilities: multi-credit only (no DFS, leasing,
         // multichannel, persistent handles, encryption).
+        let capabilities = Capabilities::LARGE_MTU;
+        c.neg = Some(NegotiateState {
+            client_capabilities: n.capabilities.bits(),
+            client_guid: n.client_guid,
+            client_security_mode: n.security_mode.bits(),
+            client_dialects: n.dialects.iter().collect(),
+            server_capabilities: capabilities.bits(),
+            server_security_mode: security_mode.bits(),
+            signing: if dialect == Dialect::SMB_3_1_1 {
+                signing.map(SigningAlgorithm)
+            } else {
+                None
+            },
+        });
+        // 3.3.5.5: the SPNEGO token offering NTLMSSP when users log on.
+        let token = match self.cfg.users {
+            Some(_) => auth::Acceptor::negotiate_token(),
+            None => Vec::new(),
+        };
         let r = NegotiateResponseRepr {
-            security_mode: SecurityMode::SIGNING_ENABLED,
+            security_mode,
             dialect_revision: dialect.0,
             server_guid: self.server_guid,
-            capabilities: Capabilities::LARGE_MTU,
+            capabilities,
             max_transact_size: max_rw,
             max_read_size: max_rw,
             max_write_size: max_rw,
             system_time: filetime_now(),
             server_start_time: 0,
-            security_buffer: &[],
+            security_buffer: &token,
             negotiate_contexts: contexts,
         };
+        let start = if w.is_empty() { 0 } else { (w.len() + 7) & !7 };
         push(w, &resp_header(req, STATUS_SUCCESS, grant, 0, 0), &r);
+        if dialect == Dialect::SMB_3_1_1 {
+            // 3.3.5.4: Connection.PreauthIntegrityHashValue over the
+            // NEGOTIATE request and response.
+            let mut h = auth::preauth::PreauthHash::new();
+            h.update(msg_bytes);
+            c.preauth = Some(h);
+            ex.hash_response = Some((start, w.len(), true));
+        }
         Ok(Step::Done)
+    }
+
+    /// [MS-SMB2] 3.3.5.5 with local users: NTLMSSP (raw or in SPNEGO) over
+    /// one or more SESSION_SETUP round trips, then the session's signing key
+    /// (3.3.5.5.3).
+    #[allow(clippy::too_many_arguments)]
+    fn session_setup<'a>(
+        &mut self,
+        c: &mut Conn,
+        req: &HeaderRepr,
+        s: &SessionSetupRequestRepr<'_>,
+        ex: &mut Exec,
+        w: &mut CompoundWriter<'_>,
+        grant: u16,
+        session: u64,
+        tree: u32,
+        msg_bytes: &[u8],
+    ) -> Result<Step<'a>, NtStatus> {
+        let dialect = c.dialect.ok_or(STATUS_INVALID_PARAMETER)?;
+        if s.flags.contains(SessionSetupFlags::BINDING) {
+            // No multichannel: a session cannot be bound to a second channel.
+            return Err(STATUS_REQUEST_NOT_ACCEPTED);
+        }
+        let id = match c.session {
+            Some(id) if session == id => id,
+            _ if session != 0 => return Err(STATUS_USER_SESSION_DELETED),
+            old => {
+                if old.is_some() {
+                    // One session per connection: a new one replaces it.
+                    self.sessions = self.sessions.saturating_sub(1);
+                }
+                let id = self.next_session;
+                self.next_session += 1;
+                self.sessions += 1;
+                self.gauges_dirty = true;
+                c.session = Some(id);
+                c.auth = None;
+                id
+            }
+        };
+        ex.chain.session = id;
+        let fresh = c.auth.as_ref().is_none_or(|a| a.ready);
+        if fresh {
+            let mut challenge = [0u8; 8];
+            random_bytes(&mut challenge, &mut self.salt_seed);
+            let config = auth::ntlm::NtlmServerConfig {
+                names: auth::ntlm::TargetNames::standalone(&self.cfg.server_name),
+                timestamp: Some(filetime_now()),
+                allow_anonymous: self.cfg.guest_ok,
+            };
+            c.auth = Some(SessionAuth {
+                acceptor: Some(auth::Acceptor::new(challenge, config)),
+                preauth: c.preauth.clone(),
+                key: None,
+                signing_required: false,
+                ready: false,
+            });
+        }
+        let client_requires = s.security_mode.contains(SecurityMode::SIGNING_REQUIRED);
+        let a = c.auth.as_mut().expect("set above");
+        if let Some(h) = a.preauth.as_mut() {
+            h.update(msg_bytes);
+        }
+        let fail = |c: &mut Conn, core: &mut Core| {
+            c.session = None;
+            c.auth = None;
+            core.sessions = core.sessions.saturating_sub(1);
+            core.gauges_dirty = true;
+        };
+        if s.security_buffer.is_empty() {
+            // No credentials at all: a null session where allowed.
+            if !self.cfg.guest_ok {
+                fail(c, self);
+                return Err(STATUS_ACCESS_DENIED);
+            }
+            a.acceptor = None;
+            a.ready = true;
+            let r = SessionSetupResponseRepr {
+                session_flags: SessionFlags::IS_NULL,
+                security_buffer: &[],
+            };
+            push(w, &resp_header(req, STATUS_SUCCESS, grant, id, tree), &r);
+            return Ok(Step::Done);
+        }
+        let users = self.cfg.users.clone().expect("checked by the caller");
+        let step = match a.acceptor.as_mut() {
+            Some(acc) => acc.step(s.security_buffer, |user, _domain| users.nt_hash(user)),
+            None => return Err(STATUS_INVALID_PARAMETER),
+        };
+        match step {
+            Ok(auth::Step::Continue(token)) => {
+                let start = if w.is_empty() { 0 } else { (w.len() + 7) & !7 };
+                let r = SessionSetupResponseRepr {
+                    session_flags: SessionFlags::empty(),
+                    security_buffer: &token,
+                };
+                push(
+                    w,
+                    &resp_header(req, STATUS_MORE_PROCESSING_REQUIRED, grant, id, tree),
+                    &r,
+                );
+                if a.preauth.is_some() {
+                    ex.hash_response = Some((start, w.len(), false));
+                }
+                Ok(Step::Done)
+            }
+            Ok(auth::Step::Complete { token, auth: ok }) => {
+                a.acceptor = None;
+                a.ready = true;
+                let flags = if ok.anonymous {
+                    SessionFlags::IS_NULL
+                } else {
+                    let key = auth::kdf::signing_key(
+                        dialect,
+                        &ok.session_key,
+                        a.preauth.as_ref().map(|h| h.value()),
+                    )
+                    .map_err(|_| STATUS_LOGON_FAILURE)?;
+                    a.key = Some(key);
+                    // 3.3.5.5.3: Session.SigningRequired.
+                    a.signing_required = self.cfg.require_signing || client_requires;
+                    // The final SESSION_SETUP response is signed (3.3.4.1.1).
+                    ex.sign = true;
+                    SessionFlags::empty()
+                };
+                let r = SessionSetupResponseRepr {
+                    session_flags: flags,
+                    security_buffer: &token,
+                };
+                push(w, &resp_header(req, STATUS_SUCCESS, grant, id, tree), &r);
+                Ok(Step::Done)
+            }
+            Err(e) => {
+                self.warn_once(format_args!(
+                    "conn {}: SESSION_SETUP refused: {e} ({})",
+                    ex.conn,
+                    e.status()
+                ));
+                fail(c, self);
+                Err(e.status())
+            }
+        }
+    }
+
+    /// [MS-SMB2] 3.3.5.15.12: the client checks that NEGOTIATE was not
+    /// tampered with; any difference from what this connection negotiated
+    /// ends it.
+    fn validate_negotiate<'a>(
+        &mut self,
+        c: &mut Conn,
+        r: &IoctlRequestRepr<'_>,
+        w: &mut CompoundWriter<'_>,
+        ok: HeaderRepr,
+    ) -> Result<Step<'a>, NtStatus> {
+        let (Some(neg), Some(dialect)) = (c.neg.as_ref(), c.dialect) else {
+            return Ok(Step::Disconnect);
+        };
+        if dialect == Dialect::SMB_3_1_1 {
+            // 3.3.5.15.12: not used with 3.1.1 (preauth integrity instead).
+            return Ok(Step::Disconnect);
+        }
+        let Ok(v) = ValidateNegotiateInfoRequest::new_checked(r.input) else {
+            return Ok(Step::Disconnect);
+        };
+        let Ok(v) = ValidateNegotiateInfoRequestRepr::parse(&v) else {
+            return Ok(Step::Disconnect);
+        };
+        let dialects: Vec<u16> = v.dialects.iter().collect();
+        if v.capabilities.bits() != neg.client_capabilities
+            || v.guid != neg.client_guid
+            || v.security_mode.bits() != neg.client_security_mode
+            || dialects != neg.client_dialects
+        {
+            self.warn_once(format_args!(
+                "conn: FSCTL_VALIDATE_NEGOTIATE_INFO differs from the NEGOTIATE received: disconnecting ([MS-SMB2] 3.3.5.15.12)"
+            ));
+            return Ok(Step::Disconnect);
+        }
+        let resp = ValidateNegotiateInfoResponseRepr {
+            capabilities: Capabilities::from_bits(neg.server_capabilities),
+            guid: self.server_guid,
+            security_mode: SecurityMode::from_bits(neg.server_security_mode),
+            dialect: dialect.0,
+        };
+        let mut out = [0u8; 24];
+        let n = resp.emit(&mut out).map_err(|_| STATUS_INVALID_PARAMETER)?;
+        let ir = IoctlResponseRepr {
+            ctl_code: r.ctl_code,
+            file_id: r.file_id,
+            input: &[],
+            output: &out[..n],
+            flags: 0,
+        };
+        push(w, &ok, &ir);
+        Ok(Step::Done)
+    }
+
+    /// A warning on stderr, at most one a second per worker (a peer cannot
+    /// flood the log).
+    fn warn_once(&mut self, msg: core::fmt::Arguments<'_>) {
+        let t = self.clock.elapsed().as_secs();
+        if t != self.warned_at {
+            self.warned_at = t;
+            eprintln!("smbdirectd: warn: {msg}");
+        }
     }
 
     /// The data of a last-request RDMA Read (a WRITE's data) is here:
@@ -1512,6 +1987,7 @@ impl Core {
         offset: u64,
         data: &[u8],
         ctx: &[u8],
+        conn_ref: Option<&Conn>,
         out: &mut Replies<'_>,
     ) -> Result<(), Backpressure> {
         let tag = le64(ctx, 40);
@@ -1541,7 +2017,29 @@ impl Core {
             Ok(n) => rdma_response(RdmaKind::Read, &h, n, &mut buf),
             Err(e) => error_message(&h, e.status(), &mut buf),
         };
-        reply_ctx(ctx, n, &buf, out)
+        reply_ctx(ctx, n, &mut buf, conn_ref, out)
+    }
+}
+
+/// Signs every message of a compound response that belongs to the
+/// connection's authenticated session ([MS-SMB2] 3.3.4.1.1; each message
+/// of a compound is signed on its own, padding included, 3.1.4.1).
+fn sign_compound(c: &Conn, buf: &mut [u8]) {
+    let (Some(d), Some(a), Some(sid)) = (c.dialect, c.auth.as_ref(), c.session) else {
+        return;
+    };
+    let Some(key) = a.key else { return };
+    let alg = auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
+    let mut spans = [(0usize, 0usize); 32];
+    let mut n = 0;
+    for m in compound(buf).flatten() {
+        if n < spans.len() && m.header().session_id == sid {
+            spans[n] = (m.offset(), m.bytes().len());
+            n += 1;
+        }
+    }
+    for &(o, l) in &spans[..n] {
+        let _ = auth::signing::sign(alg, &key, &mut buf[o..o + l]);
     }
 }
 
@@ -1550,10 +2048,17 @@ impl Core {
 fn reply_ctx(
     ctx: &[u8],
     n: Option<usize>,
-    buf: &[u8],
+    buf: &mut [u8],
+    conn: Option<&Conn>,
     out: &mut Replies<'_>,
 ) -> Result<(), Backpressure> {
     let Some(n) = n else { return Ok(()) };
+    if ctx[2] == 1 {
+        if let Some(c) = conn {
+            sign_compound(c, &mut buf[..n]);
+        }
+    }
+    let buf = &*buf;
     let fill = |b: &mut [u8]| b.copy_from_slice(&buf[..n]);
     if ctx[0] == 1 {
         out.reply_with_invalidate(n, le32(ctx, 4), fill)
@@ -1610,7 +2115,7 @@ impl UpperLayer for Smb2Server {
                 Ok(n) => rdma_response(RdmaKind::Read, &h, n, &mut buf),
                 Err(e) => error_message(&h, e.status(), &mut buf),
             };
-            if let Err(b) = reply_ctx(&p.ctx, n, &buf, out) {
+            if let Err(b) = reply_ctx(&p.ctx, n, &mut buf, self.conns.get(&conn), out) {
                 // The store forgot the tag: answer from the kept result.
                 p.result = Some(r);
                 core.posts.insert(token, p);
@@ -1670,6 +2175,7 @@ impl UpperLayer for Smb2Server {
             .filter(|o| o.persistent == fid.persistent)
             .map(|o| o.handle);
         let core = &mut self.core;
+        let conn_ref = self.conns.get(&conn);
         if ctx[1] == MODE_HELD {
             let Some(ex) = core.execs.get_mut(&tag) else {
                 return Ok(());
@@ -1697,15 +2203,15 @@ impl UpperLayer for Smb2Server {
             RdmaKind::Write => {
                 let mut buf = [0u8; HEADER_LEN + 64];
                 let n = rdma_response(RdmaKind::Write, &h, le32(ctx, 24), &mut buf);
-                reply_ctx(ctx, n, &buf, out)
+                reply_ctx(ctx, n, &mut buf, conn_ref, out)
             }
             // RDMA Read finished: a WRITE's data is here.
             RdmaKind::Read => match handle {
-                Some(hd) => core.finish_write(conn, hd, offset, done.data, ctx, out),
+                Some(hd) => core.finish_write(conn, hd, offset, done.data, ctx, conn_ref, out),
                 None => {
                     let mut buf = [0u8; HEADER_LEN + 64];
                     let n = error_message(&h, STATUS_FILE_CLOSED, &mut buf);
-                    reply_ctx(ctx, n, &buf, out)
+                    reply_ctx(ctx, n, &mut buf, conn_ref, out)
                 }
             },
         }
