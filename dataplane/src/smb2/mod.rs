@@ -1180,7 +1180,7 @@ impl Core {
             body,
             RequestBody::Negotiate(_) | RequestBody::SessionSetup(_) | RequestBody::Echo(_)
         );
-        let ready = c.auth.as_ref().is_none_or(|a| a.ready);
+        let ready = c.auth.as_ref().map_or(true, |a| a.ready);
         if needs_session && (!ready || c.session.is_none() || c.session != Some(session)) {
             return Err(STATUS_USER_SESSION_DELETED);
         }
@@ -1812,7 +1812,7 @@ impl Core {
             }
         };
         ex.chain.session = id;
-        let fresh = c.auth.as_ref().is_none_or(|a| a.ready);
+        let fresh = c.auth.as_ref().map_or(true, |a| a.ready);
         if fresh {
             let mut challenge = [0u8; 8];
             random_bytes(&mut challenge, &mut self.salt_seed);
@@ -1980,6 +1980,7 @@ impl Core {
 
     /// The data of a last-request RDMA Read (a WRITE's data) is here:
     /// store it and answer, or wait for the store.
+    #[allow(clippy::too_many_arguments)]
     fn finish_write(
         &mut self,
         conn: ConnId,
