@@ -2,15 +2,19 @@
 //! header, [MS-SMB2] 2.1), server side, wire-exact through
 //! `smbdirect_protocol::smb2`.
 //!
-//! Served: NEGOTIATE (3.0, 3.0.2, 3.1.1 with a preauth integrity context),
-//! SESSION_SETUP (anonymous/guest only: authentication is a later issue),
-//! LOGOFF, TREE_CONNECT (one share, `--share`), TREE_DISCONNECT, CREATE,
-//! CLOSE, FLUSH, READ/WRITE inline and through SMB2_CHANNEL_RDMA_V1 and
+//! Served: NEGOTIATE (3.0, 3.0.2, 3.1.1 with preauth integrity and signing
+//! capabilities), SESSION_SETUP (NTLMSSP against local users with signing,
+//! or anonymous/guest sessions), LOGOFF, TREE_CONNECT (the share and IPC$),
+//! TREE_DISCONNECT, CREATE (with MxAc/QFid answers, delete-on-close), CLOSE,
+//! FLUSH, READ/WRITE inline and through SMB2_CHANNEL_RDMA_V1 and
 //! SMB2_CHANNEL_RDMA_V1_INVALIDATE (any number of descriptors, in any
-//! position of a compound), ECHO, IOCTL FSCTL_STORAGE_QOS_CONTROL
-//! ([MS-SQOS], answered by the control plane; other codes
-//! STATUS_NOT_SUPPORTED), compounds, credits with the CommandSequenceWindow
-//! ([MS-SMB2] 3.3.1.1, 3.3.5.2.3) and CreditCharge validation (3.3.5.2.5).
+//! position of a compound), QUERY_INFO, SET_INFO, QUERY_DIRECTORY, LOCK
+//! (fs.rs), ECHO, IOCTL (FSCTL_STORAGE_QOS_CONTROL answered by the control
+//! plane, VALIDATE_NEGOTIATE_INFO, QUERY_NETWORK_INTERFACE_INFO; DFS
+//! referrals STATUS_FS_DRIVER_REQUIRED; other codes STATUS_NOT_SUPPORTED),
+//! compounds, credits with the CommandSequenceWindow ([MS-SMB2] 3.3.1.1,
+//! 3.3.5.2.3) and CreditCharge validation (3.3.5.2.5). CHANGE_NOTIFY and
+//! oplocks/leases are not offered.
 //!
 //! # Requests that wait
 //!
