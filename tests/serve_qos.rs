@@ -379,7 +379,7 @@ fn reservation_is_met_beside_a_greedy_flow_on_one_worker() {
         let n = drive(&mut g, fg, 65536, 32, Duration::from_secs(secs)).0;
         (n, g)
     });
-    let n = drive(&mut r, fr, 8192, 2, Duration::from_secs(secs)).0;
+    let n = drive(&mut r, fr, 8192, 4, Duration::from_secs(secs)).0;
     let (greedy, _g2) = t.join().unwrap();
     assert!(
         n as f64 >= 950.0 * secs as f64,
