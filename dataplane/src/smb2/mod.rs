@@ -37,8 +37,8 @@
 
 pub mod client;
 pub mod dirstore;
-pub mod memstore;
 mod fs;
+pub mod memstore;
 pub mod store;
 
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
@@ -482,7 +482,15 @@ struct Core {
     opens: u64,
     gauges_dirty: bool,
     full_logged_at: u64,
-    warned_at: u64,
+    warned_at: [u64; 3],
+}
+
+/// Kinds of peer misbehaviour logged at most once a second each.
+#[derive(Debug, Clone, Copy)]
+enum Warn {
+    Signature = 0,
+    Logon = 1,
+    Validate = 2,
 }
 
 impl core::fmt::Debug for Core {
@@ -546,7 +554,7 @@ impl Smb2Server {
                 opens: 0,
                 gauges_dirty: false,
                 full_logged_at: u64::MAX,
-                warned_at: u64::MAX,
+                warned_at: [u64::MAX; 3],
             },
             conns: HashMap::new(),
             scratch: vec![0u8; SCRATCH_LEN],
@@ -565,7 +573,9 @@ fn random_bytes(out: &mut [u8], seed: &mut u64) {
         }
     }
     for ch in out.chunks_mut(8) {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let mut x = *seed;
         x ^= x >> 33;
         x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -995,13 +1005,17 @@ impl Core {
         if let (Some(a), Some(d)) = (c.auth.as_ref(), c.dialect) {
             if a.ready && c.session == Some(session) {
                 if let Some(key) = a.key {
-                    let alg = auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
+                    let alg =
+                        auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
                     let signed = req.flags.contains(HeaderFlags::SIGNED);
                     if signed && !auth::signing::verify(alg, &key, m.bytes()) {
-                        self.warn_once(format_args!(
+                        self.warn_once(
+                            Warn::Signature,
+                            format_args!(
                             "conn {}: a request's signature does not verify: STATUS_ACCESS_DENIED",
                             ex.conn
-                        ));
+                        ),
+                        );
                         push(
                             w,
                             &resp_header(&req, STATUS_ACCESS_DENIED, grant, session, tree),
@@ -1022,7 +1036,9 @@ impl Core {
             }
         }
         let msg_bytes = m.bytes();
-        match self.handle(c, &req, body, ex, w, max_rw, grant, session, tree, last, msg_bytes) {
+        match self.handle(
+            c, &req, body, ex, w, max_rw, grant, session, tree, last, msg_bytes,
+        ) {
             Ok(step) => step,
             Err(st) => {
                 push(
@@ -1691,9 +1707,10 @@ impl Core {
         // 3.3.5.4: SIGNING_CAPABILITIES: the first of the client's
         // algorithms this server implements.
         let signing = n.negotiate_contexts.iter().find_map(|ctx| match ctx {
-            NegotiateContext::Signing(sc) => sc.signing_algorithms.iter().find(|a| {
-                *a == SigningAlgorithm::AES_CMAC.0 || *a == SigningAlgorithm::AES_GMAC.0
-            }),
+            NegotiateContext::Signing(sc) => sc
+                .signing_algorithms
+                .iter()
+                .find(|a| *a == SigningAlgorithm::AES_CMAC.0 || *a == SigningAlgorithm::AES_GMAC.0),
             _ => None,
         });
         let signing_algs = [signing.unwrap_or(SigningAlgorithm::AES_CMAC.0)];
@@ -1908,11 +1925,14 @@ impl Core {
                 Ok(Step::Done)
             }
             Err(e) => {
-                self.warn_once(format_args!(
-                    "conn {}: SESSION_SETUP refused: {e} ({})",
-                    ex.conn,
-                    e.status()
-                ));
+                self.warn_once(
+                    Warn::Logon,
+                    format_args!(
+                        "conn {}: SESSION_SETUP refused: {e} ({})",
+                        ex.conn,
+                        e.status()
+                    ),
+                );
                 fail(c, self);
                 Err(e.status())
             }
@@ -1948,7 +1968,7 @@ impl Core {
             || v.security_mode.bits() != neg.client_security_mode
             || dialects != neg.client_dialects
         {
-            self.warn_once(format_args!(
+            self.warn_once(Warn::Validate, format_args!(
                 "conn: FSCTL_VALIDATE_NEGOTIATE_INFO differs from the NEGOTIATE received: disconnecting ([MS-SMB2] 3.3.5.15.12)"
             ));
             return Ok(Step::Disconnect);
@@ -1974,10 +1994,11 @@ impl Core {
 
     /// A warning on stderr, at most one a second per worker (a peer cannot
     /// flood the log).
-    fn warn_once(&mut self, msg: core::fmt::Arguments<'_>) {
+    fn warn_once(&mut self, kind: Warn, msg: core::fmt::Arguments<'_>) {
         let t = self.clock.elapsed().as_secs();
-        if t != self.warned_at {
-            self.warned_at = t;
+        let last = &mut self.warned_at[kind as usize];
+        if t != *last {
+            *last = t;
             eprintln!("smbdirectd: warn: {msg}");
         }
     }
