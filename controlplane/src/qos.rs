@@ -713,3 +713,35 @@ mod tests {
         assert_eq!(e.flow_count(), 0);
     }
 }
+
+#[cfg(test)]
+mod mismatch_tests {
+    use super::*;
+    use smbdirect_protocol::sqos::{Dialect, Options, StorageQosControlRequestRepr};
+
+    /// A client-defined Reservation above its Limit can never be applied:
+    /// the server rules refuse it (note <8>), and nothing is associated.
+    #[test]
+    fn client_reservation_above_limit_is_refused() {
+        let mut e = QosEngine::new(1, PolicyStore::new(), None);
+        let flow = Guid::from_fields(7, 7, 7, [7; 8]);
+        let mut r = StorageQosControlRequestRepr::new(
+            Dialect::V1_1,
+            Options::from_bits(Options::SET_LOGICAL_FLOW_ID.bits() | Options::SET_POLICY.bits()),
+            flow,
+        );
+        r.initiator_id = Guid::from_fields(1, 1, 1, [1; 8]);
+        r.limit = 100;
+        r.reservation = 500;
+        let (reply, _) = e.request(0, 1, 1, 1, true, &r.to_vec(), 4096);
+        let UpperControl::QosReply { result, flow, .. } = reply else {
+            panic!("reply")
+        };
+        assert_eq!(
+            result,
+            Err(smbdirect_protocol::ntstatus::STATUS_INVALID_PARAMETER)
+        );
+        assert!(flow.is_none());
+        assert_eq!(e.open_count(), 0);
+    }
+}
