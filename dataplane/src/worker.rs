@@ -206,6 +206,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         if let Some(core) = self.cfg.core {
             core_affinity::set_for_current(core_affinity::CoreId { id: core });
         }
+        // Lend the control plane its receive buffers before reporting ready:
+        // a connection may arrive the moment the daemon says it serves.
+        self.refill_loans();
         ready();
         let mut wcs = [Completion::EMPTY; POLL_BATCH];
         let mut last_work = Instant::now();
