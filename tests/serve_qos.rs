@@ -261,7 +261,9 @@ fn limited_flow_ignoring_its_limit_gets_at_most_the_limit() {
     assert_eq!(r.base_io_size, 8192);
     assert_eq!(r.status, FlowStatus::Ok);
     assert!(
-        (3000..=4000).contains(&r.time_to_live),
+        // About 4 s, counting down from 4,000 ms; refreshed every 100 ms
+        // (more slowly when the control plane is starved of CPU).
+        (1000..=4000).contains(&r.time_to_live),
         "TimeToLive {}",
         r.time_to_live
     );
