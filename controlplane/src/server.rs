@@ -2,11 +2,11 @@
 //! pinned worker per core, and the `cp` thread.
 
 use crate::admin::AdminSocket;
+use crate::qos::QosEngine;
+use crate::qos_policy::PolicyStore;
 use crate::stats::ServerStats;
 use smbdirect_dataplane::capture::{CaptureConfig, CaptureHandle};
 use smbdirect_dataplane::endpoint::recv_wr_id;
-use crate::qos::QosEngine;
-use crate::qos_policy::PolicyStore;
 use smbdirect_dataplane::planes::{
     ring, CloseReason, FromWorker, Ring, ToWorker, UpperEvent, WorkerStats, LOANED_RECEIVES,
 };
@@ -567,7 +567,10 @@ fn service_workers<P: Provider>(
                     extra.extend(others.into_iter().map(|(w, m)| (w, ToWorker::Upper(m))));
                 }
                 FromWorker::Upper(UpperEvent::QosDefaultFlow { conn, open, policy }) => {
-                    let peer = conns.get(&conn).map(|c| c.peer.to_string()).unwrap_or_default();
+                    let peer = conns
+                        .get(&conn)
+                        .map(|c| c.peer.to_string())
+                        .unwrap_or_default();
                     let (reply, others) = qos.default_flow(wi, conn, open, policy, &peer);
                     side.backlog.push_back(ToWorker::Upper(reply));
                     extra.extend(others.into_iter().map(|(w, m)| (w, ToWorker::Upper(m))));

@@ -5,8 +5,8 @@
 
 use crossbeam_queue::ArrayQueue;
 use smbdirect_protocol::ntstatus::NtStatus;
-use smbdirect_protocol::sqos::enforcement::{FlowRates, WindowReport};
 use smbdirect_protocol::smbd::{NegotiateDecision, TerminateReason};
+use smbdirect_protocol::sqos::enforcement::{FlowRates, WindowReport};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

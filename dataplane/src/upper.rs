@@ -62,15 +62,15 @@
 
 use crate::endpoint::RdmaOps;
 use crate::planes::{ConnId, UpperControl, UpperEvent, WorkerStats};
-use smbdirect_protocol::time::Instant as PInstant;
-use std::collections::VecDeque;
 use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
 use smbdirect_protocol::ntstatus::{
     NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
 };
 use smbdirect_protocol::smbd::rdma_slice::{self, SliceError};
 use smbdirect_protocol::smbd::wire::BufferDescriptorArray;
+use smbdirect_protocol::time::Instant as PInstant;
 use smbdirect_protocol::WireError;
+use std::collections::VecDeque;
 
 /// Why a reply could not be queued now. The worker keeps the message and
 /// calls the upper layer again later; nothing is dropped.

@@ -215,7 +215,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let mut last_timer_scan = Instant::now();
         loop {
             let tick = Instant::now();
-            self.loop_now = PInstant::from_nanos(tick.duration_since(self.origin).as_nanos() as u64);
+            self.loop_now =
+                PInstant::from_nanos(tick.duration_since(self.origin).as_nanos() as u64);
             let mut work = false;
             let n = self.cq.poll(&mut wcs);
             if n > 0 {

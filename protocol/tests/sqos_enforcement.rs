@@ -520,5 +520,8 @@ fn try_now_admits_within_limits_only_when_nothing_waits() {
     // A 1 MiB I/O is charged 128 normalized I/Os on the fast path too.
     let c = s.open_flow(at(0), limit(128 * 50)).unwrap();
     assert!(s.try_now(at(0), c, 1 << 20));
-    assert!(!s.try_now(at(0), c, 1 << 20), "128 of a 128-I/O burst are spent");
+    assert!(
+        !s.try_now(at(0), c, 1 << 20),
+        "128 of a 128-I/O burst are spent"
+    );
 }
