@@ -2038,13 +2038,24 @@ impl Core {
             }
             Poll::Ready(r) => r,
         };
-        let mut buf = [0u8; HEADER_LEN + 64];
-        let n = match r {
-            Ok(n) => rdma_response(RdmaKind::Read, &h, n, &mut buf),
-            Err(e) => error_message(&h, e.status(), &mut buf),
-        };
-        reply_ctx(ctx, n, &mut buf, conn_ref, out)
+        reply_write_result(&h, r, ctx, conn_ref, out)
     }
+}
+
+/// Answers a WRITE whose data came by RDMA with the store's result.
+fn reply_write_result(
+    h: &HeaderRepr,
+    r: Result<u32, store::StoreError>,
+    ctx: &[u8],
+    conn: Option<&Conn>,
+    out: &mut Replies<'_>,
+) -> Result<(), Backpressure> {
+    let mut buf = [0u8; HEADER_LEN + 64];
+    let n = match r {
+        Ok(n) => rdma_response(RdmaKind::Read, h, n, &mut buf),
+        Err(e) => error_message(h, e.status(), &mut buf),
+    };
+    reply_ctx(ctx, n, &mut buf, conn, out)
 }
 
 /// Signs every message of a compound response that belongs to the
@@ -2136,12 +2147,7 @@ impl UpperLayer for Smb2Server {
             let Ok(h) = HeaderRepr::from_bytes(&p.ctx[CTX_HEADER..]) else {
                 return Ok(());
             };
-            let mut buf = [0u8; HEADER_LEN + 64];
-            let n = match r {
-                Ok(n) => rdma_response(RdmaKind::Read, &h, n, &mut buf),
-                Err(e) => error_message(&h, e.status(), &mut buf),
-            };
-            if let Err(b) = reply_ctx(&p.ctx, n, &mut buf, self.conns.get(&conn), out) {
+            if let Err(b) = reply_write_result(&h, r, &p.ctx, self.conns.get(&conn), out) {
                 // The store forgot the tag: answer from the kept result.
                 p.result = Some(r);
                 core.posts.insert(token, p);
