@@ -437,8 +437,18 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 self.tell_cp(FromWorker::NegotiateRequest { conn, bytes, len });
             }
             Err(e) => {
-                if slot.closing.is_none() {
-                    slot.closing = Some(close_reason(e));
+                // A flushed completion (or the queue-pair state check of
+                // `fire_timers`) only says the queue pair broke; the
+                // completion of the request that broke it, polled later,
+                // names why (e.g. RemoteAccessError): it is the reason
+                // logged and counted.
+                let reason = close_reason(e);
+                let flushed = Some(CloseReason::Provider(WcStatus::Flushed));
+                if slot.closing.is_none()
+                    || (slot.closing == flushed
+                        && matches!(reason, CloseReason::Provider(s) if s != WcStatus::Flushed))
+                {
+                    slot.closing = Some(reason);
                 }
                 if wc.status == WcStatus::RnrRetryExceeded {
                     WorkerStats::add(&self.stats.rnr, 1);

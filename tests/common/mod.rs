@@ -167,3 +167,27 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// Polls `stats --json` until `ready` holds for the document (the daemon
+/// counts a closed connection on its worker and control-plane threads, a
+/// little after the peer sees the connection end), or panics after
+/// `timeout` with `what` and the last document. Returns that document.
+pub fn wait_for_stats(
+    d: &Daemon,
+    timeout: Duration,
+    what: &str,
+    ready: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let doc = stats_json(d);
+        if ready(&doc) {
+            return doc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not reached within {timeout:?}: {doc}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
