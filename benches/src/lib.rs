@@ -5,4 +5,5 @@ pub mod bench;
 pub mod dispatch_bench;
 pub mod protocol_loopback;
 pub mod provider_bench;
+pub mod qos_path_bench;
 pub mod service_loopback;

@@ -4,6 +4,7 @@
 pub mod capture;
 pub mod client;
 pub mod endpoint;
+pub mod hint;
 pub mod planes;
 pub mod provider;
 pub mod smb2;

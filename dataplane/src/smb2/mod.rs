@@ -1549,6 +1549,10 @@ impl Core {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
                 let (handle, flow) = (o.handle, o.flow);
+                if let Some(s) = flow {
+                    // Its hot record arrives while the request is checked.
+                    crate::hint::prefetch(self.qos.sched.flow_addr(s));
+                }
                 if !charge_ok(req, r.length) {
                     return Err(STATUS_INVALID_PARAMETER);
                 }
@@ -1624,6 +1628,10 @@ impl Core {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
                 let (handle, flow) = (o.handle, o.flow);
+                if let Some(s) = flow {
+                    // Its hot record arrives while the request is checked.
+                    crate::hint::prefetch(self.qos.sched.flow_addr(s));
+                }
                 match r.channel {
                     Channel::None => {
                         let len = r.data.len() as u32;
@@ -2332,10 +2340,12 @@ impl UpperLayer for Smb2Server {
         q.sched.tick(now);
         if q.sched.window_start() != q.window {
             q.window = q.sched.window_start();
-            for (&flow, &(slot, _)) in &q.by_flow {
+            // Only flows with I/O in the window or the one before: the
+            // others' reports are all zeros, as already reported.
+            for slot in q.sched.closed_window_slots() {
                 if let Some(report) = q.sched.last_window(slot) {
                     core.events.push_back(UpperEvent::QosWindow {
-                        flow,
+                        flow: q.slot_flow[slot.index()],
                         report,
                         saturated: q.saturated,
                     });

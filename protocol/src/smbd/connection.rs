@@ -218,6 +218,13 @@ pub struct ConnectionStats {
     pub keepalives_sent: u64,
     /// Keepalive requests received.
     pub keepalives_received: u64,
+    /// Send credits the peer granted in all: the Negotiate Response's
+    /// CreditsGranted plus every Data Transfer message's ([MS-SMBD]
+    /// 3.1.5.7, 3.1.5.8). Every Data Transfer message sent spends one
+    /// (3.1.5.1), so `messages_sent + send_credits == credits_granted`
+    /// unless the peer granted beyond 65535 held credits (the soak test
+    /// checks this continuously).
+    pub credits_granted: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -520,6 +527,7 @@ impl Connection {
         self.params = params;
         self.credits.receive_credit_target = params.receive_credit_target;
         self.credits.send_credits = params.initial_send_credits;
+        self.stats.credits_granted += u64::from(params.initial_send_credits);
         self.credits.top_up(poster, true);
         if self.credits.recv_posted == 0 {
             return Err(self.terminate(TerminateReason::NoReceiveCredits));
@@ -589,6 +597,7 @@ impl Connection {
         }
         let granted = view.credits_granted();
         if granted > 0 {
+            self.stats.credits_granted += u64::from(granted);
             self.credits.send_credits = self.credits.send_credits.saturating_add(granted);
         }
         if let Some(t) = invalidated_token {
