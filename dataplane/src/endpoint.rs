@@ -86,7 +86,8 @@ pub enum EndpointError {
     Terminated(TerminateReason),
     /// The provider failed a work request (status) on this queue pair.
     Provider(WcStatus),
-    /// The pool had no buffer for a send: retry after buffers return.
+    /// The pool had no buffer for a message that cannot wait (a
+    /// reassembled message, [MS-SMBD] 3.1.5.8): the connection ends.
     PoolExhausted,
 }
 
@@ -826,14 +827,17 @@ impl<Q: QueuePair> Endpoint<Q> {
         p.post_receives(1) == 1
     }
 
+    /// Ends the endpoint for `e`: whatever the cause (a protocol violation,
+    /// a timer, a failed work request, no pool buffer for a message), the
+    /// RDMA connection is torn down, so the provider flushes every posted
+    /// request back and every buffer comes home through completions
+    /// (a connection left up with receives posted would be neither served
+    /// nor released). After a provider error the queue pair is already
+    /// broken and disconnecting it again changes nothing.
     fn fail(&mut self, e: EndpointError) -> EndpointError {
         if self.failed.is_none() {
             self.failed = Some(e);
-            if let EndpointError::Terminated(_) = e {
-                // A protocol violation or timer: tear the RDMA connection down
-                // (flushes return every posted buffer through completions).
-                self.qp.disconnect();
-            }
+            self.qp.disconnect();
         }
         e
     }

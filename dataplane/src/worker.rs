@@ -764,7 +764,7 @@ fn settle<Q: crate::provider::QueuePair>(
                 rdma.abort(alloc, completing);
             }
             if bp == Backpressure::TooLarge {
-                *closing = Some(CloseReason::Capacity);
+                *closing = Some(CloseReason::ReplyTooLarge);
             } else {
                 WorkerStats::add(&stats.pool_stalls, 1);
             }
@@ -777,6 +777,6 @@ fn close_reason(e: EndpointError) -> CloseReason {
     match e {
         EndpointError::Terminated(r) => CloseReason::Protocol(r),
         EndpointError::Provider(s) => CloseReason::Provider(s),
-        EndpointError::PoolExhausted => CloseReason::Capacity,
+        EndpointError::PoolExhausted => CloseReason::PoolExhausted,
     }
 }
