@@ -6,6 +6,7 @@ pub mod client;
 pub mod endpoint;
 pub mod planes;
 pub mod provider;
+pub mod ratelog;
 pub mod smb2;
 pub mod upper;
 pub mod worker;
