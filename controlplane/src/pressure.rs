@@ -18,7 +18,8 @@ use std::time::Instant;
 pub enum Pressure {
     /// A connection refused at `--max-connections`.
     MaxConnections = 0,
-    /// A connection refused: its worker had no receive buffer to lend.
+    /// A connection refused: no receive buffer for it (none to lend for
+    /// its negotiate receive, or none to post for its credits).
     NoReceiveBuffer = 1,
     /// A Negotiate Request refused ([MS-SMBD] 3.1.5.6).
     NegotiateRefused = 2,
@@ -104,7 +105,7 @@ impl PressureLog {
         self.pool_stalls = t.pool_stalls;
         if let Some(n) = self.kinds[Pressure::PoolStalls as usize].hit_n(now, stalls) {
             crate::warn!(
-                "buffer pool: {} wait(s) for a free buffer since the last such line (pool_stalls {}); the pool is exhausted: raise --pool-mem or lower --max-connections",
+                "{} wait(s) for a free pool buffer since the last such line: the buffer pool is exhausted (pool_stalls {}; raise --pool-mem or lower --max-connections)",
                 n + 1,
                 t.pool_stalls
             );
@@ -113,7 +114,7 @@ impl PressureLog {
         self.store_full = t.store_full;
         if let Some(n) = self.kinds[Pressure::StoreFull as usize].hit_n(now, full) {
             crate::warn!(
-                "store full: {} request(s) refused with STATUS_DISK_FULL since the last such line (store_full {}); raise --store-size or free space",
+                "{} request(s) refused with STATUS_DISK_FULL since the last such line: the store is full (store_full {}; raise --store-size or free space)",
                 n + 1,
                 t.store_full
             );

@@ -18,7 +18,7 @@ use smbdirect_dataplane::upper::UpperLayer;
 use smbdirect_dataplane::worker::{Worker, WorkerConfig};
 use smbdirect_hugepages::{Backing, BufId, PoolConfig};
 use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, NegotiateDecision};
-use smbdirect_protocol::smbd::SmbdConfig;
+use smbdirect_protocol::smbd::{SmbdConfig, TerminateReason};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -349,6 +349,8 @@ pub fn start<P: Provider, U: UpperLayer>(
 struct ConnInfo {
     peer: SocketAddr,
     worker: usize,
+    /// The control plane refused its negotiation (already logged).
+    refused: bool,
 }
 
 /// What the `cp` thread owns.
@@ -449,7 +451,14 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                                 }
                             }
                             attaching[w] += 1;
-                            conns.insert(id, ConnInfo { peer, worker: w });
+                            conns.insert(
+                                id,
+                                ConnInfo {
+                                    peer,
+                                    worker: w,
+                                    refused: false,
+                                },
+                            );
                             stats.accepted.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => {
@@ -630,7 +639,8 @@ fn service_workers<P: Provider>(
                     match decision {
                         NegotiateDecision::Fail(status) => {
                             stats.negotiate_failures.fetch_add(1, Ordering::Relaxed);
-                            if let Some(c) = conns.get(&conn) {
+                            if let Some(c) = conns.get_mut(&conn) {
+                                c.refused = true;
                                 pressure.event(
                                     Pressure::NegotiateRefused,
                                     format_args!(
@@ -666,6 +676,23 @@ fn service_workers<P: Provider>(
                                 "conn {conn} from {}: protocol violation, terminated: {reason}",
                                 c.peer
                             );
+                        } else if let CloseReason::Protocol(TerminateReason::NegotiateFailed {
+                            status,
+                        }) = reason
+                        {
+                            // Refused by the worker: no receive could be
+                            // posted for the connection's credits ([MS-SMBD]
+                            // 3.1.5.6, STATUS_INSUFFICIENT_RESOURCES).
+                            if !c.refused {
+                                stats.negotiate_failures.fetch_add(1, Ordering::Relaxed);
+                                pressure.event(
+                                    Pressure::NoReceiveBuffer,
+                                    format_args!(
+                                        "conn {conn} from {}: negotiation refused with {status}: no receive buffer could be posted (buffer pool exhausted: see --pool-mem)",
+                                        c.peer
+                                    ),
+                                );
+                            }
                         } else if reason == CloseReason::PoolExhausted {
                             pressure.event(
                                 Pressure::PoolClosed,

@@ -139,6 +139,10 @@ pub struct EndpointStats {
     pub sends_posted: u64,
     /// Sends held back because the pool had no send buffer.
     pub pool_stalls: u64,
+    /// Times fewer receives were posted than the credits called for,
+    /// because the pool had no receive buffer ([MS-SMBD] 3.1.5.9: those
+    /// credits are not granted until a buffer returns).
+    pub receive_shortfalls: u64,
 }
 
 /// Counters of a connection's RDMA operations.
@@ -636,6 +640,7 @@ impl<Q: QueuePair> ReceivePoster for Poster<'_, Q> {
             let mut n = 0;
             while n < BATCH && done + (n as u16) < want {
                 let Ok(id) = self.alloc.alloc(ClassId::RECEIVE) else {
+                    self.stats.receive_shortfalls += 1;
                     break;
                 };
                 let Some(loc) = self.pool.locate(id) else {
