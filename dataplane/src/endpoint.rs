@@ -1428,7 +1428,18 @@ mod tests {
                     SendOp::RdmaWrite { sges, remote } => {
                         (false, sges, remote, WcOpcode::RdmaWrite)
                     }
-                    SendOp::Send { .. } => panic!("no sends in these tests"),
+                    SendOp::Send { .. } => {
+                        // A Send (the negotiate response of a test that
+                        // negotiates): completes, or is flushed once broken.
+                        let status = if self.broken {
+                            WcStatus::Flushed
+                        } else {
+                            WcStatus::Success
+                        };
+                        self.sq
+                            .push_back((wr.wr_id, false, wr.signaled, status, WcOpcode::Send));
+                        continue;
+                    }
                 };
                 assert_eq!(sges.len(), 1, "one SGE per RDMA work request");
                 let status = if self.broken {
@@ -1775,5 +1786,70 @@ mod tests {
             r.ep.post_rdma().is_err(),
             "nothing is posted after a failure"
         );
+    }
+
+    /// Delivers `bytes` as a receive completion in a fresh receive buffer.
+    fn deliver(r: &mut Rig, bytes: &[u8]) -> Result<Option<Event>, EndpointError> {
+        let id = r.alloc.alloc(ClassId::RECEIVE).unwrap();
+        // SAFETY: `id` was just allocated and is exclusively ours.
+        unsafe { r.pool.bytes_mut(id) }.unwrap()[..bytes.len()].copy_from_slice(bytes);
+        let wc = Completion {
+            wr_id: recv_wr_id(id),
+            qp: QpId(1),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: bytes.len() as u32,
+            invalidated_rkey: None,
+        };
+        r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+    }
+
+    /// A Data Transfer fragment of `len` payload bytes, `remaining` to come.
+    fn fragment(len: u32, remaining: u32) -> Vec<u8> {
+        use smbdirect_protocol::smbd::wire::DataTransferRepr;
+        let h = DataTransferRepr {
+            credits_requested: 8,
+            credits_granted: 8,
+            ..DataTransferRepr::with_payload(len, remaining)
+        };
+        let mut b = vec![0x5au8; h.buffer_len()];
+        h.emit_header(&mut b);
+        b
+    }
+
+    #[test]
+    fn no_buffer_for_a_reassembled_message_ends_the_connection_and_disconnects() {
+        use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
+        let mut r = rig(16);
+        assert!(r.ep.post_negotiate_receive(&mut r.alloc));
+        let req = NegotiateRequestRepr {
+            min_version: 0x0100,
+            max_version: 0x0100,
+            credits_requested: 8,
+            preferred_send_size: 1364,
+            max_receive_size: 8192,
+            max_fragmented_size: 1 << 20,
+        };
+        deliver(&mut r, &req.to_bytes()).expect("negotiate request");
+        r.ep.flush(Instant::ZERO, &mut r.alloc)
+            .expect("negotiate response");
+        assert!(r.ep.connection().is_established());
+        // A 10,000-byte message needs a 64 KiB buffer once reassembled:
+        // take every one.
+        let taken: Vec<BufId> = std::iter::from_fn(|| r.alloc.alloc(ClassId(2)).ok()).collect();
+        assert_eq!(taken.len(), 8);
+        assert!(matches!(deliver(&mut r, &fragment(6000, 4000)), Ok(None)));
+        assert!(matches!(
+            deliver(&mut r, &fragment(4000, 0)),
+            Err(EndpointError::PoolExhausted)
+        ));
+        // The connection is over, and torn down: the provider flushes every
+        // posted receive back, so the worker's close completes (it waited
+        // for them forever when the queue pair stayed up).
+        assert_eq!(r.ep.failure(), Some(EndpointError::PoolExhausted));
+        assert_eq!(r.ep.qp().state(), QpState::Error);
+        for id in taken {
+            r.alloc.free(id).unwrap();
+        }
     }
 }
