@@ -7,6 +7,7 @@ pub mod endpoint;
 pub mod hint;
 pub mod planes;
 pub mod provider;
+pub mod ratelog;
 pub mod smb2;
 pub mod upper;
 pub mod worker;
