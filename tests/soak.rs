@@ -68,6 +68,17 @@ fn cfg() -> SmbdConfig {
     }
 }
 
+/// Prints a figure of the run on stderr even when the test harness
+/// captures output (a passing test's `eprintln!` is swallowed): CI logs
+/// show the soak's and churn's figures without `--nocapture`.
+macro_rules! figure {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let line = format!($($t)*);
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }};
+}
+
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
         Ok(v) => v
@@ -313,7 +324,7 @@ fn check_flows(d: &Daemon, name: &str, named: u64) -> u64 {
             "every flow removed after its retention",
             |doc| field(doc, "flows") == 0,
         );
-        eprintln!("{name}: every Storage QoS flow removed after the retention period");
+        figure!("{name}: every Storage QoS flow removed after the retention period");
     }
     flows
 }
@@ -1084,13 +1095,13 @@ fn soak() {
     );
     let flows_left = check_flows(&smb, "soak", s.qos_flows);
     let gb = |b: u64| b as f64 / 1e9;
-    eprintln!(
+    figure!(
         "soak: {:.0} s ({} connections set up in {:.1} s) against two daemons of 2 workers, {CONNS} connections each",
         ran.as_secs_f64(),
         2 * CONNS,
         set_up_in.as_secs_f64()
     );
-    eprintln!(
+    figure!(
         "soak: echo: {} messages ({:.2} GB) echoed and verified, {} empty sends refused locally, {} RDMA echoes ({:.2} GB) verified",
         e.messages,
         gb(e.message_bytes),
@@ -1098,7 +1109,7 @@ fn soak() {
         e.rdma_echoes,
         gb(e.rdma_bytes)
     );
-    eprintln!(
+    figure!(
         "soak: smb2: {} READs ({:.2} GB) verified against the shadow files, {} WRITEs ({:.2} GB); {} inline, {} through RDMA",
         s.reads,
         gb(s.bytes_read),
@@ -1107,13 +1118,13 @@ fn soak() {
         s.inline,
         s.rdma
     );
-    eprintln!(
+    figure!(
         "soak: Storage QoS: {} flows limited to {QOS_LIMIT} normalized IOPS got {:.0} on average, {:.0} at most; {flows_left} flows left in retention at the end",
         s.qos_flows,
         s.qos_normalized as f64 / s.qos_secs.max(1e-9),
         s.qos_max_rate
     );
-    eprintln!(
+    figure!(
         "soak: credit invariants: {} SMB Direct checks (echo {}, smb2 {}), {} SMB2 credit-window checks, {} server stats checks",
         e.credit_checks + s.credit_checks,
         e.credit_checks,
@@ -1121,12 +1132,12 @@ fn soak() {
         s.smb2_credit_checks,
         watch.checks.load(Ordering::Relaxed)
     );
-    eprintln!(
+    figure!(
         "soak: echo daemon at the end: {}; at the start: {}",
         show(&resources(&echo_end)),
         show(&echo_base)
     );
-    eprintln!(
+    figure!(
         "soak: smb2 daemon at the end: {}; at the start: {}",
         show(&resources(&smb_end)),
         show(&smb_base)
@@ -1389,7 +1400,7 @@ fn churn() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    eprintln!(
+    figure!(
         "churn: {} connections cycled in {secs:.1} s by {THREADS} clients: {} SMB Direct only, {} graceful ({:.1} MB verified), {} abrupt mid-transfer; {} associated to one of {CHURN_FLOWS} Storage QoS flows",
         t.cycles,
         t.smbd_only,
@@ -1398,10 +1409,10 @@ fn churn() {
         t.abrupt,
         t.qos
     );
-    eprintln!("churn: daemon at the start: {}", show(&base));
-    eprintln!("churn: (open fds and mappings counted from after 80 warm-up cycles)");
-    eprintln!("churn: daemon at the end:   {}", show(&resources(&end)));
-    eprintln!(
+    figure!("churn: daemon at the start: {}", show(&base));
+    figure!("churn: (open fds and mappings counted from after 80 warm-up cycles)");
+    figure!("churn: daemon at the end:   {}", show(&resources(&end)));
+    figure!(
         "churn: daemon process: {} open fds (start {}), {} mappings (start {}); {flows} flows in retention, {} rdma errors, {} peers lost",
         fds.len(),
         base_fds.len(),
