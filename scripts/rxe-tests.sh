@@ -9,13 +9,18 @@
 #
 # Runs: tests/verbs_runtime.rs (the provider's own cases) and
 # tests/verbs_conformance.rs (the provider conformance suite), plus the
-# verbs unit tests. Without the VM script it says "skipped: rxe-vm not
+# verbs unit tests, `serve` over verbs (tests/serve_e2e.rs) and the
+# remote-access safety cases on verbs (tests/remote_access.rs, module
+# verbs: every edge of a grant, overlapping grants, a third peer's and
+# stale tokens; memory windows bound to the queue pair). Without the VM script it says "skipped: rxe-vm not
 # available" and exits 0. On a host whose kernel has rdma_rxe, the same
 # binaries run without the VM after scripts/setup-soft-roce.sh (set RXE_IP).
 #
-# Timing (2-core host, TCG guest): 30-45 s with the test binaries already
-# built (guest boot ~10 s, 47 tests ~15-25 s under emulation); building them
-# from scratch adds about 65 s. The first run on a machine also installs qemu
+# Timing (2-core host, TCG guest): 30-55 s with the test binaries already
+# built (guest boot ~10 s, 65 tests ~20-45 s under emulation, the 4
+# remote-access cases ~2.5 s of it; measured with other jobs loading the
+# host: VM 55 s, incremental build 63 s); building them from scratch adds
+# about 65 s. The first run on a machine also installs qemu
 # and caches ~440 MB of guest kernel and modules: that first boot took 36 s
 # in all here (instead of ~10 s).
 set -euo pipefail
@@ -69,8 +74,9 @@ exe() { # target name -> path
 	printf '%s\n' "$json" | grep '"reason":"compiler-artifact"' | grep "\"name\":\"$1\"" |
 		grep -o '"executable":"[^"]*"' | head -1 | sed 's/"executable":"\(.*\)"/\1/'
 }
-e2e_json=$(cargo test -p smbdirectd --no-run --message-format=json --test serve_e2e 2>/dev/null) || {
-	cargo test -p smbdirectd --no-run --test serve_e2e
+e2e_json=$(cargo test -p smbdirectd --no-run --message-format=json --test serve_e2e \
+	--test remote_access 2>/dev/null) || {
+	cargo test -p smbdirectd --no-run --test serve_e2e --test remote_access
 	exit 1
 }
 json="$json
@@ -79,7 +85,8 @@ runtime=$(exe verbs_runtime)
 conformance=$(exe verbs_conformance)
 unit=$(exe smbdirect_dataplane)
 e2e=$(exe serve_e2e)
-for b in "$runtime" "$conformance" "$unit" "$e2e"; do
+remote=$(exe remote_access)
+for b in "$runtime" "$conformance" "$unit" "$e2e" "$remote"; do
 	[ -x "$b" ] || { echo "rxe-tests: test binary not found in cargo's output"; exit 1; }
 done
 built=$(date +%s)
@@ -87,7 +94,8 @@ echo "rxe-tests: built in $((built - start)) s; booting the rxe VM"
 
 status=0
 "$RXEVM" --timeout "${RXE_TESTS_TIMEOUT:-300}" -- "$ROOT/scripts/rxe-tests.sh" --in-guest \
-	"$runtime" "$conformance" "$unit::provider::verbs" "$e2e::serve_over_verbs" || status=$?
+	"$runtime" "$conformance" "$unit::provider::verbs" "$e2e::serve_over_verbs" \
+	"$remote::verbs::" || status=$?
 end=$(date +%s)
 case $status in
 0) echo "rxe-tests: passed (build $((built - start)) s, VM $((end - built)) s)" ;;

@@ -68,6 +68,17 @@ fn cfg() -> SmbdConfig {
     }
 }
 
+/// Prints a figure of the run on stderr even when the test harness
+/// captures output (a passing test's `eprintln!` is swallowed): CI logs
+/// show the soak's and churn's figures without `--nocapture`.
+macro_rules! figure {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let line = format!($($t)*);
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }};
+}
+
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
         Ok(v) => v
@@ -211,13 +222,14 @@ fn conn_state<P: Provider>(c: &Client<P>) -> String {
     )
 }
 
-/// A daemon's log without the hugepage warning.
+/// The last 100 lines of a daemon's log (without the hugepage warning).
 fn daemon_log(d: &Daemon) -> String {
     let err = d.stderr.lock().unwrap().clone();
-    err.lines()
+    let lines: Vec<&str> = err
+        .lines()
         .filter(|l| l.starts_with("smbdirectd:") || l.contains("panicked"))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    lines[lines.len().saturating_sub(100)..].join("\n")
 }
 
 /// The server side, every second while the soak runs: nothing a healthy
@@ -312,7 +324,7 @@ fn check_flows(d: &Daemon, name: &str, named: u64) -> u64 {
             "every flow removed after its retention",
             |doc| field(doc, "flows") == 0,
         );
-        eprintln!("{name}: every Storage QoS flow removed after the retention period");
+        figure!("{name}: every Storage QoS flow removed after the retention period");
     }
     flows
 }
@@ -1083,13 +1095,13 @@ fn soak() {
     );
     let flows_left = check_flows(&smb, "soak", s.qos_flows);
     let gb = |b: u64| b as f64 / 1e9;
-    eprintln!(
+    figure!(
         "soak: {:.0} s ({} connections set up in {:.1} s) against two daemons of 2 workers, {CONNS} connections each",
         ran.as_secs_f64(),
         2 * CONNS,
         set_up_in.as_secs_f64()
     );
-    eprintln!(
+    figure!(
         "soak: echo: {} messages ({:.2} GB) echoed and verified, {} empty sends refused locally, {} RDMA echoes ({:.2} GB) verified",
         e.messages,
         gb(e.message_bytes),
@@ -1097,7 +1109,7 @@ fn soak() {
         e.rdma_echoes,
         gb(e.rdma_bytes)
     );
-    eprintln!(
+    figure!(
         "soak: smb2: {} READs ({:.2} GB) verified against the shadow files, {} WRITEs ({:.2} GB); {} inline, {} through RDMA",
         s.reads,
         gb(s.bytes_read),
@@ -1106,13 +1118,13 @@ fn soak() {
         s.inline,
         s.rdma
     );
-    eprintln!(
+    figure!(
         "soak: Storage QoS: {} flows limited to {QOS_LIMIT} normalized IOPS got {:.0} on average, {:.0} at most; {flows_left} flows left in retention at the end",
         s.qos_flows,
         s.qos_normalized as f64 / s.qos_secs.max(1e-9),
         s.qos_max_rate
     );
-    eprintln!(
+    figure!(
         "soak: credit invariants: {} SMB Direct checks (echo {}, smb2 {}), {} SMB2 credit-window checks, {} server stats checks",
         e.credit_checks + s.credit_checks,
         e.credit_checks,
@@ -1120,12 +1132,12 @@ fn soak() {
         s.smb2_credit_checks,
         watch.checks.load(Ordering::Relaxed)
     );
-    eprintln!(
+    figure!(
         "soak: echo daemon at the end: {}; at the start: {}",
         show(&resources(&echo_end)),
         show(&echo_base)
     );
-    eprintln!(
+    figure!(
         "soak: smb2 daemon at the end: {}; at the start: {}",
         show(&resources(&smb_end)),
         show(&smb_base)
@@ -1133,4 +1145,287 @@ fn soak() {
     assert!(e.messages > 0 && e.rdma_echoes > 0 && s.reads > 0 && s.writes > 0);
     terminate(echo);
     terminate(smb);
+}
+
+// ---------------------------------------------------------------------------
+// Churn
+
+/// Storage QoS flow ids the churn's clients associate their files with (a
+/// few, reused: each association finds its flow again).
+const CHURN_FLOWS: u64 = 8;
+
+#[derive(Default, Debug, Clone, Copy)]
+struct ChurnTotals {
+    cycles: u64,
+    smbd_only: u64,
+    graceful: u64,
+    abrupt: u64,
+    qos: u64,
+    bytes_verified: u64,
+}
+
+/// The daemon process's open files (what each fd points to) and memory
+/// mappings (address range and what is mapped), sorted.
+fn proc_resources(pid: u32) -> (Vec<String>, Vec<String>) {
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    fds.sort();
+    let mut maps: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .expect("/proc/PID/maps")
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            format!("{} {}", f[0], f.get(5).copied().unwrap_or(""))
+        })
+        .collect();
+    maps.sort();
+    (fds, maps)
+}
+
+/// What `now` has that `then` has not.
+fn added(then: &[String], now: &[String]) -> Vec<String> {
+    now.iter().filter(|x| !then.contains(x)).cloned().collect()
+}
+
+fn churn_thread(port: u16, thread: u64, cycles: u64) -> ChurnTotals {
+    let provider = SoftProvider::new().unwrap();
+    let (pool, mr) = client_pool(
+        &provider,
+        1,
+        &[
+            ("send", 1364, 64),
+            ("receive", 8192, 40),
+            ("m64k", 65536, 6),
+            ("m1m", 1 << 20, 2),
+        ],
+    );
+    let noise = Noise::new(thread);
+    let mut rng = Rng(thread ^ 0xc4u64 << 32);
+    let mut t = ChurnTotals::default();
+    let mut alloc = Some(pool.claim_slice(0).unwrap());
+    let dialects = [Dialect::SMB_3_0, Dialect::SMB_3_0_2, Dialect::SMB_3_1_1];
+    for cycle in 0..cycles {
+        let what = format!("churn thread {thread} cycle {cycle}");
+        let c = Client::connect(
+            &provider,
+            addr(port),
+            cfg(),
+            alloc.take().unwrap(),
+            mr,
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("{what}: connect: {e}"));
+        check_credits(&c).unwrap_or_else(|why| panic!("{what}: {why}"));
+        t.cycles += 1;
+        if rng.chance(10) {
+            // SMB Direct negotiated, no SMB2: gone at once.
+            t.smbd_only += 1;
+            alloc = Some(c.close(Duration::from_secs(5)));
+            continue;
+        }
+        let mut c = Smb2Client::from_client(c, "127.0.0.1".into(), Smb2ClientOptions::default());
+        let dialect = dialects[rng.below(3) as usize];
+        c.negotiate(&[dialect])
+            .unwrap_or_else(|e| panic!("{what}: negotiate: {e}"));
+        c.session_setup_anonymous()
+            .unwrap_or_else(|e| panic!("{what}: session setup: {e}"));
+        c.tree_connect("data")
+            .unwrap_or_else(|e| panic!("{what}: tree connect: {e}"));
+        let fid = c
+            .create(
+                &format!("churn-{thread}.bin"),
+                CreateDisposition::OPEN_IF,
+                CreateOptions::NON_DIRECTORY_FILE,
+            )
+            .unwrap_or_else(|e| panic!("{what}: create: {e}"))
+            .file_id;
+        if rng.chance(4) {
+            let mut g = [0xc4; 16];
+            g[..8].copy_from_slice(&rng.below(CHURN_FLOWS).to_le_bytes());
+            let mut flow = LogicalFlow::new(Guid::from_bytes(g), QosDialect::V1_0);
+            let now = c.now();
+            let policy = PolicyParams {
+                limit: 100_000,
+                ..PolicyParams::default()
+            };
+            c.qos_set_policy(fid, &mut flow, policy, now)
+                .unwrap_or_else(|e| panic!("{what}: SET_POLICY: {e}"));
+            t.qos += 1;
+        }
+        if rng.chance(5) {
+            // Abrupt: the server is RDMA-reading 1 MiB from us, RDMA-writing
+            // 256 KiB to us and reassembling a 60 KiB message when the
+            // connection goes; no CLOSE, no LOGOFF.
+            t.abrupt += 1;
+            let big = c.alloc_io_buf(1 << 20).expect("I/O buffer");
+            let mid = c.alloc_io_buf(256 << 10).expect("I/O buffer");
+            let rdma = Transfer::Rdma {
+                descriptors: 2,
+                invalidate: false,
+            };
+            let _ = c.submit_write(fid, 0, 1 << 20, big, rdma);
+            let _ = c.submit_read(fid, 0, 256 << 10, mid, rdma);
+            let _ = c.submit_write(fid, 0, 60 << 10, mid, Transfer::Inline);
+            for _ in 0..rng.below(50) {
+                let _ = c.poll(Duration::ZERO);
+            }
+            alloc = Some(c.disconnect(Duration::from_secs(5)));
+            continue;
+        }
+        // Graceful: a verified inline and a verified RDMA round trip.
+        t.graceful += 1;
+        let key = thread << 40 | cycle;
+        for (len, transfer) in [
+            (4096, Transfer::Inline),
+            (
+                64 << 10,
+                Transfer::Rdma {
+                    descriptors: 2,
+                    invalidate: dialect != Dialect::SMB_3_0 && rng.chance(2),
+                },
+            ),
+        ] {
+            let off = rng.below(1 << 20);
+            let data = noise.bytes(key ^ len as u64, len);
+            let n = c
+                .write(fid, off, data, transfer)
+                .unwrap_or_else(|e| panic!("{what}: write: {e}"));
+            assert_eq!(n as usize, len, "{what}: short write");
+            let back = c
+                .read(fid, off, len as u32, transfer)
+                .unwrap_or_else(|e| panic!("{what}: read: {e}"));
+            assert!(back == data, "{what}: read back differs from write");
+            t.bytes_verified += len as u64;
+        }
+        check_credits(c.client()).unwrap_or_else(|why| panic!("{what}: {why}"));
+        c.close(fid)
+            .unwrap_or_else(|e| panic!("{what}: close: {e}"));
+        if rng.chance(2) {
+            c.tree_disconnect()
+                .unwrap_or_else(|e| panic!("{what}: tree disconnect: {e}"));
+            c.logoff().unwrap_or_else(|e| panic!("{what}: logoff: {e}"));
+        }
+        alloc = Some(c.disconnect(Duration::from_secs(5)));
+    }
+    let s = provider.stats();
+    assert_eq!(s.rnr_errors, 0, "churn client sent without a credit: {s:?}");
+    t
+}
+
+#[test]
+fn churn() {
+    let _serial = serial();
+    let cycles = env_u64("SMBDIRECTD_CHURN_CYCLES", 10_000);
+    const THREADS: u64 = 4;
+    let port = free_port();
+    // A small pool: every connect maps the peer's registered memory
+    // (pre-faulted) on both sides.
+    let d = spawn(
+        port,
+        &[
+            "--upper",
+            "smb2",
+            "--cores",
+            "0,1",
+            "--pool-mem",
+            "16M",
+            "--max-read-write-size",
+            "1048576",
+            "--store-size",
+            "64M",
+        ],
+    );
+    let pid = d.child.id();
+    let base = quiet_baseline(&d);
+    // The process's files and mappings after a warm-up of every kind of
+    // cycle: the first peer process's connections start threads (their
+    // stacks and malloc arenas) and a watch on that process (a pidfd)
+    // that stay for the daemon's life, not per connection.
+    let warm: Vec<_> = (0..THREADS)
+        .map(|i| std::thread::spawn(move || churn_thread(port, 100 + i, 20)))
+        .collect();
+    for h in warm {
+        h.join().expect("a warm-up churn thread failed (see above)");
+    }
+    wait_for_stats(&d, Duration::from_secs(60), "warm-up done", |doc| {
+        resources(doc) == base
+    });
+    let (base_fds, base_maps) = proc_resources(pid);
+    let base_doc = stats_json(&d);
+    let start = Instant::now();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let n = cycles / THREADS + u64::from(i < cycles % THREADS);
+            std::thread::spawn(move || churn_thread(port, i, n))
+        })
+        .collect();
+    let mut t = ChurnTotals::default();
+    for h in threads {
+        let r = h.join().unwrap_or_else(|_| {
+            panic!(
+                "a churn thread failed (see above); daemon:\n{}",
+                daemon_log(&d)
+            )
+        });
+        t.cycles += r.cycles;
+        t.smbd_only += r.smbd_only;
+        t.graceful += r.graceful;
+        t.abrupt += r.abrupt;
+        t.qos += r.qos;
+        t.bytes_verified += r.bytes_verified;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(t.cycles, cycles);
+    let end = wait_for_stats(&d, Duration::from_secs(60), "back to baseline", |doc| {
+        resources(doc) == base
+    });
+    let flows = check_flows(&d, "churn", CHURN_FLOWS);
+    let accepted = field(&end, "accepted") - field(&base_doc, "accepted");
+    assert_eq!(accepted, cycles, "every cycle's connection admitted: {end}");
+    for key in ["rejected", "negotiate_failures", "protocol_errors", "rnr"] {
+        assert_eq!(field(&end, key), 0, "{key}: {end}");
+    }
+    // The process itself: no file descriptor (memfds passed by peers) or
+    // mapping (their pools) left behind.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (fds, maps) = loop {
+        let now = proc_resources(pid);
+        if now.0.len() <= base_fds.len() && now.1.len() <= base_maps.len()
+            || Instant::now() > deadline
+        {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    figure!(
+        "churn: {} connections cycled in {secs:.1} s by {THREADS} clients: {} SMB Direct only, {} graceful ({:.1} MB verified), {} abrupt mid-transfer; {} associated to one of {CHURN_FLOWS} Storage QoS flows",
+        t.cycles,
+        t.smbd_only,
+        t.graceful,
+        t.bytes_verified as f64 / 1e6,
+        t.abrupt,
+        t.qos
+    );
+    figure!("churn: daemon at the start: {}", show(&base));
+    figure!("churn: (open fds and mappings counted from after 80 warm-up cycles)");
+    figure!("churn: daemon at the end:   {}", show(&resources(&end)));
+    figure!(
+        "churn: daemon process: {} open fds (start {}), {} mappings (start {}); {flows} flows in retention, {} rdma errors, {} peers lost",
+        fds.len(),
+        base_fds.len(),
+        maps.len(),
+        base_maps.len(),
+        field(&end, "rdma_errors"),
+        field(&end, "peers_lost")
+    );
+    assert!(
+        fds.len() <= base_fds.len() && maps.len() <= base_maps.len(),
+        "the daemon kept file descriptors {:?} or mappings {:?}",
+        added(&base_fds, &fds),
+        added(&base_maps, &maps)
+    );
+    terminate(d);
 }
