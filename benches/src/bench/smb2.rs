@@ -280,8 +280,8 @@ impl<'a, P: Provider> Smb2Workload<'a, P> {
         } else {
             client_pool(&cfg, io_size, queue_depth)
         }
-            .build()
-            .map_err(|e| call_error_s(index, "client buffer pool", e))?;
+        .build()
+        .map_err(|e| call_error_s(index, "client buffer pool", e))?;
         self.retained.keep(pool.clone());
         // SAFETY: `retained` keeps the pool mapped until after the provider
         // is dropped (`super::run` creates it first).
