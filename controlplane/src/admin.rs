@@ -76,6 +76,9 @@ impl Drop for AdminSocket {
     }
 }
 
+/// How long [`request`] waits for the daemon's answer.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Client side: sends `request` to the daemon at `path`, returns its answer.
 pub fn request(path: &Path, request: &str) -> std::io::Result<String> {
     let mut s = UnixStream::connect(path).map_err(|e| {
@@ -87,10 +90,26 @@ pub fn request(path: &Path, request: &str) -> std::io::Result<String> {
             ),
         )
     })?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
     s.write_all(request.as_bytes())?;
     s.write_all(b"\n")?;
     let mut out = String::new();
-    BufReader::new(s).read_line(&mut out)?;
+    BufReader::new(s).read_line(&mut out).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "smbdirectd at admin socket {} did not answer within {} s (is its control-plane thread starved of CPU?)",
+                    path.display(),
+                    ANSWER_TIMEOUT.as_secs()
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
     Ok(out.trim_end().to_string())
 }
