@@ -39,6 +39,18 @@ fn report_cases(doc: &str) -> Vec<(String, bool, String)> {
         .collect()
 }
 
+/// How long the tool waits for a reaction the spec makes immediate. Its
+/// default, 5 s, is right against an idle server, but on a shared 2-core
+/// host the daemon's pinned threads are sometimes not scheduled for a
+/// long time: the traced failures (3 in 40 runs of the suspect cases, all
+/// while a parallel `cargo` build ran) were a fresh connection whose queue
+/// pair reached the worker's completion queue and ring 6 s after the
+/// control plane had sent the accept, nothing else happening in between;
+/// loop-gap tracing under the same CPU hogs without the build showed both
+/// pinned threads stalled up to 0.9 s at a time. Passing cases do not wait
+/// this long.
+const TIMEOUT: &str = "15";
+
 // In the default run: on a loaded 2-core host it takes 30-40 s (about 26 s
 // idle), most of it the timer cases waiting for real timers.
 #[test]
@@ -62,6 +74,7 @@ fn every_torture_case_passes_and_the_daemon_survives_them_cleanly() {
     let mut tool = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
         .args(["torture", "--connect", &format!("127.0.0.1:{port}")])
         .args(["--provider", "soft", "--keepalive-interval", KEEPALIVE])
+        .args(["--timeout", TIMEOUT])
         .args(["--admin-socket", &d.admin, "--json", &json])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -74,7 +87,7 @@ fn every_torture_case_passes_and_the_daemon_survives_them_cleanly() {
         let _ = stdout.read_to_string(&mut s);
         s
     });
-    let deadline = t0 + Duration::from_secs(180);
+    let deadline = t0 + Duration::from_secs(300);
     let status = loop {
         if let Some(s) = tool.try_wait().expect("wait for torture") {
             break Some(s);
@@ -123,7 +136,7 @@ fn every_torture_case_passes_and_the_daemon_survives_them_cleanly() {
 
     // The tool's verdict, case by case.
     let Some(status) = status else {
-        panic!("torture did not finish in 180 s:\n{out}");
+        panic!("torture did not finish in 300 s:\n{out}");
     };
     let doc = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{json}: {e}\n{out}{err}"));
     let cases = report_cases(&doc);

@@ -832,17 +832,19 @@ impl<Q: QueuePair> Endpoint<Q> {
         p.post_receives(1) == 1
     }
 
-    /// Ends the endpoint for `e`: whatever the cause (a protocol violation,
-    /// a timer, a failed work request, no pool buffer for a message), the
-    /// RDMA connection is torn down, so the provider flushes every posted
-    /// request back and every buffer comes home through completions
-    /// (a connection left up with receives posted would be neither served
-    /// nor released). After a provider error the queue pair is already
-    /// broken and disconnecting it again changes nothing.
+    /// Ends the endpoint for `e`. A protocol violation, a timer or no pool
+    /// buffer for a message tears the RDMA connection down here, so the
+    /// provider flushes every posted request back and every buffer comes
+    /// home through completions (a connection left up with receives posted
+    /// would be neither served nor released). After a failed work request
+    /// the provider has already broken the queue pair and flushes it
+    /// itself.
     fn fail(&mut self, e: EndpointError) -> EndpointError {
         if self.failed.is_none() {
             self.failed = Some(e);
-            self.qp.disconnect();
+            if !matches!(e, EndpointError::Provider(_)) {
+                self.qp.disconnect();
+            }
         }
         e
     }
