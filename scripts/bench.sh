@@ -13,15 +13,34 @@
 # p50 ratios A/B, not a ratio of pooled numbers. Each run is a separate
 # process with its own warm-up.
 #
-# Rows now:
+# Rows (soft provider, --loopback, one server worker):
 #   1. SMB Direct `send` 512 B vs `raw-send` 512 B (the bare provider,
 #      same cores, same runner): target p50 ratio <= 1.15.
 #   2. `raw-send` 64 B (a soft-provider Send/Recv round trip) vs
 #      `pingpong` (two threads bouncing one cache line on the same two
 #      cores): target p50 ratio <= 3.
-# Rows still to fill (printed as "not yet measured"): SMB2 READ/WRITE
-# through RDMA vs raw RDMA, Storage QoS limit accuracy, and the rxe (verbs)
-# rows.
+#   3. `read` / `write` 4 KiB through RDMA at QD 1 and QD 32: ops/s per
+#      server core (median over --pairs runs, read and write alternated);
+#      target for read at QD 32: >= 1.5 M.
+#   4. `read` / `write` 1 MiB through RDMA vs `memcpy` 1 MiB (a copy
+#      between two buffers of the client thread, same run, alternated):
+#      MB/s ratio, target >= 0.8.
+#   5. `qos` accuracy: one flow with --limit 2000 (4 KiB, QD 8): achieved /
+#      limit with --ignore-limit (the server's enforcement) alternated with
+#      the client's own initiation limit ([MS-SQOS] 3.1.7.1).
+#   6. cifs (Linux kernel SMB client over RDMA) fio rows: the hook
+#      scripts/bench-cifs.sh (another helper's) prints Markdown rows; skipped
+#      with a note when it is absent or --no-cifs is given.
+#
+# --rxe-vm: the verbs rows instead, inside the Soft-RoCE guest of
+# ../shared/rxe-vm (booted under `flock /tmp/rxe-vm.lock`: one VM at a
+# time): `send`, `read` and `write` of 64 B, 512 B and 4 KiB against
+# perftest's ib_send_lat, ib_write_lat and ib_read_lat of the same size on
+# rxe0, alternated. perftest prints one-way latency (half a round trip);
+# ours is a round trip, so the ratio is (our p50 / 2) / perftest's
+# t_typical (its median). `read` (the server RDMA-Writes the data, then
+# Sends the response) is compared with ib_write_lat, `write` (the server
+# RDMA-Reads it) with ib_read_lat. Target: send <= 1.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +51,10 @@ out=""
 bin=target/release/smbdirectd
 build=1
 cores=""
+rxe_vm=0
+in_guest=0
+cifs=1
+iterations=2000
 
 usage() {
 	sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -46,6 +69,10 @@ while [ $# -gt 0 ]; do
 	--bin) bin=$2; shift 2 ;;
 	--no-build) build=0; shift ;;
 	--cores) cores=$2; shift 2 ;;
+	--rxe-vm) rxe_vm=1; shift ;;
+	--in-rxe-guest) in_guest=1; shift ;;
+	--iterations) iterations=$2; shift 2 ;;
+	--no-cifs) cifs=0; shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 	esac
@@ -77,16 +104,28 @@ started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# p50 (us) of one run: bench --loopback ARGS, JSON to a scratch file.
-p50_of() {
-	local json="$tmp/run.json" log="$tmp/run.log"
-	if ! "$bin" bench --loopback --provider soft "${core_args[@]}" --duration "$duration" \
-		--warmup "$warmup" --quiet --json "$json" "$@" >"$log" 2>&1; then
+# One run: bench --loopback ARGS with JSON to $tmp/run.json; prints the
+# JSON field KEY (the first occurrence: flows' fields name the first flow).
+metric_of() {
+	local key=$1 json="$tmp/run.json" log="$tmp/run.log"
+	shift
+	if ! "$bin" bench --loopback "${core_args[@]}" --warmup "$warmup" --quiet \
+		--json "$json" "$@" >"$log" 2>&1; then
 		echo "bench.sh: smbdirectd bench $* failed:" >&2
 		tail -5 "$log" >&2
 		exit 1
 	fi
-	sed -n 's/.*"latency_us": {[^}]*"p50": \([0-9.]*\).*/\1/p' "$json"
+	case "$key" in
+	p50) sed -n 's/.*"latency_us": {[^}]*"p50": \([0-9.]*\).*/\1/p' "$json" ;;
+	qos_accuracy)
+		sed -n 's/.*"limit_iops": \([0-9.]*\), "achieved_iops": \([0-9.]*\).*/\1 \2/p' "$json" |
+			head -1 | awk '{ printf "%.3f", ($1 > 0 ? $2 / $1 : 0) }' ;;
+	*) sed -n "s/^ *\"$key\": \([0-9.]*\),\{0,1\}$/\1/p" "$json" | head -1 ;;
+	esac
+}
+
+p50_of() {
+	metric_of p50 --provider soft --duration "$duration" "$@"
 }
 
 median() {
@@ -95,58 +134,165 @@ median() {
 		if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+verdict() { # value op target
+	case "$3" in
+	-) echo "-" ;;
+	*) awk -v r="$1" -v t="$3" -v op="$2" 'BEGIN {
+		ok = (op == "<=" ? r <= t : r >= t); print (ok ? "MET" : "MISSED") }' ;;
+	esac
+}
+
 rows=()
 
-# row NAME TARGET "A args" "B args": alternates A and B, appends a table row.
-row() {
-	local name=$1 target=$2 a=$3 b=$4
+# pair NAME METRIC OP TARGET "A args" "B args": alternates A and B, appends
+# a row with both medians and the median of the per-pair ratios A/B.
+pair() {
+	local name=$1 key=$2 op=$3 target=$4 a=$5 b=$6
 	local as=() bs=() ratios=() i pa pb
 	for ((i = 0; i < pairs; i++)); do
 		# shellcheck disable=SC2086
-		pa=$(p50_of $a)
+		pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
 		# shellcheck disable=SC2086
-		pb=$(p50_of $b)
+		pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
 		as+=("$pa")
 		bs+=("$pb")
 		ratios+=("$(awk -v x="$pa" -v y="$pb" 'BEGIN { printf "%.3f", (y > 0 ? x / y : 0) }')")
-		echo "bench.sh: $name pair $((i + 1))/$pairs: $pa / $pb us" >&2
+		echo "bench.sh: $name pair $((i + 1))/$pairs: $pa / $pb" >&2
 	done
-	local ma mb mr verdict
+	local ma mb mr
 	ma=$(printf '%s\n' "${as[@]}" | median)
 	mb=$(printf '%s\n' "${bs[@]}" | median)
 	mr=$(printf '%s\n' "${ratios[@]}" | median)
-	verdict=$(awk -v r="$mr" -v t="$target" 'BEGIN { print (r <= t ? "MET" : "MISSED") }')
-	rows+=("| $name | \`$a\` | $ma | \`$b\` | $mb | $(printf '%.2f' "$mr") | <= $target | $verdict | ${ratios[*]} |")
+	rows+=("| $name | \`$a\` | $ma | \`$b\` | $mb | $(printf '%.3f' "$mr") | $op $target | $(verdict "$mr" "$op" "$target") | ${ratios[*]} |")
 }
 
-todo() {
-	rows+=("| $1 | - | not yet measured | - | - | - | $2 | TODO | - |")
+# two NAME_A OP_A TARGET_A NAME_B OP_B TARGET_B METRIC "A args" "B args":
+# alternates A and B (no baseline: two absolute figures sharing the same
+# noise) and appends one row for each, with its median and runs.
+two() {
+	local na=$1 oa=$2 ta=$3 nb=$4 ob=$5 tb=$6 key=$7 a=$8 b=$9
+	local as=() bs=() i pa pb ma mb
+	for ((i = 0; i < pairs; i++)); do
+		# shellcheck disable=SC2086
+		pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
+		# shellcheck disable=SC2086
+		pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+		as+=("$pa")
+		bs+=("$pb")
+		echo "bench.sh: $na / $nb run $((i + 1))/$pairs: $pa / $pb" >&2
+	done
+	ma=$(printf '%s\n' "${as[@]}" | median)
+	mb=$(printf '%s\n' "${bs[@]}" | median)
+	rows+=("| $na | \`$a\` | $ma | - | - | - | $oa $ta | $(verdict "$ma" "$oa" "$ta") | ${as[*]} |")
+	rows+=("| $nb | \`$b\` | $mb | - | - | - | $ob $tb | $(verdict "$mb" "$ob" "$tb") | ${bs[*]} |")
 }
-
-row "SMBD send vs raw provider, 512 B, p50 round trip" 1.15 \
-	"--workload send --size 512" "--workload raw-send --size 512"
-row "soft Send/Recv vs cache-line ping-pong, p50 round trip" 3 \
-	"--workload raw-send --size 64" "--workload pingpong"
-# TODO(read/write): SMB2 READ/WRITE through an RDMA channel vs raw RDMA
-# Read/Write of the same size (bench --workload read|write, and --inline).
-todo "SMB2 READ 64 KiB via RDMA vs raw RDMA Write, MB/s" "TBD"
-todo "SMB2 WRITE 64 KiB via RDMA vs raw RDMA Read, MB/s" "TBD"
-# TODO(qos): achieved IOPS under a --limit vs the limit; reservation met.
-todo "Storage QoS: achieved / --limit IOPS" "TBD"
-# TODO(rxe): the same rows over --provider verbs in the Soft-RoCE guest.
-todo "rxe (verbs): SMBD send vs raw-send, 512 B" "TBD"
 
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-{
-	echo "## smbdirectd bench matrix"
-	echo
-	echo "started $started, commit $rev, $(nproc) cores, provider soft, $pairs pairs of ${duration} s runs (+${warmup} s warm-up) alternating A B; ratio = median of per-pair p50(A)/p50(B)${cores:+, cores $cores}"
-	echo
-	echo "| row | A | A p50 (us, median) | B (baseline) | B p50 (us, median) | ratio A/B | target | verdict | per-pair ratios |"
-	echo "|---|---|---|---|---|---|---|---|---|"
-	printf '%s\n' "${rows[@]}"
-} >"$tmp/table.md"
-cat "$tmp/table.md"
-if [ -n "$out" ]; then
-	cp "$tmp/table.md" "$out"
+
+print_table() { # TITLE NOTE
+	{
+		echo "## $1"
+		echo
+		echo "$2"
+		echo
+		echo "| row | A | A (median) | B (baseline) | B (median) | ratio A/B (median of pairs) | target | verdict | per-pair ratios, or runs |"
+		echo "|---|---|---|---|---|---|---|---|---|"
+		printf '%s\n' "${rows[@]}"
+	} >"$tmp/table.md"
+	cat "$tmp/table.md"
+	if [ -n "$out" ]; then
+		cp "$tmp/table.md" "$out"
+	fi
+}
+
+if [ "$in_guest" = 1 ]; then
+	# Inside the rxe guest: our verbs round trips against perftest on rxe0.
+	dev=${RXE_DEV:-rxe0}
+	gid=${RXE_GID_INDEX:-1}
+	ip=${RXE_IP:?RXE_IP is unset: run through run-in-rxe-vm.sh}
+	# perftest one-way median (t_typical, us) of TOOL at SIZE bytes.
+	perftest_of() {
+		local tool=$1 size=$2 port=$((18515 + RANDOM % 1000))
+		"$tool" -d "$dev" -x "$gid" -s "$size" -n "$iterations" -p "$port" >/dev/null 2>&1 &
+		local srv=$!
+		sleep 1
+		local line
+		line=$("$tool" -d "$dev" -x "$gid" -s "$size" -n "$iterations" -p "$port" "$ip" 2>/dev/null |
+			awk -v s="$size" '$1 == s && NF >= 6 { print $5 }' | tail -1)
+		wait "$srv" || true
+		echo "${line:-0}"
+	}
+	ours_of() { # WORKLOAD SIZE: our one-way latency, p50 round trip / 2
+		local rt
+		rt=$(metric_of p50 --provider verbs --listen "$ip:0" --workload "$1" --size "$2" \
+			--iterations "$iterations" --file-size 4M)
+		awk -v r="$rt" 'BEGIN { printf "%.2f", r / 2 }'
+	}
+	for size in 64 512 4096; do
+		for spec in "send:ib_send_lat:1.1" "read:ib_write_lat:-" "write:ib_read_lat:-"; do
+			IFS=: read -r w tool target <<<"$spec"
+			as=() bs=() ratios=()
+			for ((i = 0; i < pairs; i++)); do
+				pa=$(ours_of "$w" "$size")
+				pb=$(perftest_of "$tool" "$size")
+				as+=("$pa")
+				bs+=("$pb")
+				ratios+=("$(awk -v x="$pa" -v y="$pb" 'BEGIN { printf "%.3f", (y > 0 ? x / y : 0) }')")
+				echo "bench.sh: rxe $w vs $tool $size B pair $((i + 1))/$pairs: $pa / $pb us" >&2
+			done
+			ma=$(printf '%s\n' "${as[@]}" | median)
+			mb=$(printf '%s\n' "${bs[@]}" | median)
+			mr=$(printf '%s\n' "${ratios[@]}" | median)
+			rows+=("| rxe: $w $size B one-way (p50 round trip / 2) vs $tool t_typical | \`bench --workload $w --size $size --provider verbs\` | $ma | \`$tool -s $size -n $iterations\` | $mb | $(printf '%.3f' "$mr") | <= $target | $(verdict "$mr" "<=" "$target") | ${ratios[*]} |")
+		done
+	done
+	print_table "smbdirectd bench: verbs (Soft-RoCE rxe0 in the rxe-vm guest) vs perftest" \
+		"started $started, commit $rev, guest under TCG emulation (figures are relative only), $pairs pairs of $iterations iterations alternating ours / perftest; ratio = median of per-pair ratios"
+	exit 0
 fi
+
+if [ "$rxe_vm" = 1 ]; then
+	RXEVM=${RXEVM:-$PWD/../shared/rxe-vm/run-in-rxe-vm.sh}
+	[ -x "$RXEVM" ] || RXEVM=/work/shared/rxe-vm/run-in-rxe-vm.sh
+	if [ ! -x "$RXEVM" ]; then
+		echo "bench.sh: rxe-vm not available (set RXEVM to run-in-rxe-vm.sh)" >&2
+		exit 2
+	fi
+	guest_args=(--in-rxe-guest --no-build --bin "$bin" --pairs "$pairs" --iterations "$iterations" --warmup "$warmup")
+	[ -n "$out" ] && guest_args+=(--out "$out")
+	# One VM at a time on this machine.
+	exec flock /tmp/rxe-vm.lock "$RXEVM" --timeout "${RXE_BENCH_TIMEOUT:-1800}" -- \
+		"$PWD/scripts/bench.sh" "${guest_args[@]}"
+fi
+
+pair "SMBD send vs raw provider, 512 B, p50 round trip (us)" p50 "<=" 1.15 \
+	"--workload send --size 512" "--workload raw-send --size 512"
+pair "soft Send/Recv vs cache-line ping-pong, p50 round trip (us)" p50 "<=" 3 \
+	"--workload raw-send --size 64" "--workload pingpong"
+small="--size 4K --file-size 16M"
+two "read 4 KiB RDMA QD 1, ops/s per server core" ">=" - \
+	"write 4 KiB RDMA QD 1, ops/s per server core" ">=" - ops_per_sec \
+	"--workload read $small --queue-depth 1" "--workload write $small --queue-depth 1"
+two "read 4 KiB RDMA QD 32, ops/s per server core" ">=" 1500000 \
+	"write 4 KiB RDMA QD 32, ops/s per server core" ">=" - ops_per_sec \
+	"--workload read $small --queue-depth 32" "--workload write $small --queue-depth 32"
+big="--size 1M --file-size 64M"
+pair "read 1 MiB RDMA vs memcpy 1 MiB, MB/s" mb_per_sec ">=" 0.8 \
+	"--workload read $big" "--workload memcpy --size 1M"
+pair "write 1 MiB RDMA vs memcpy 1 MiB, MB/s" mb_per_sec ">=" 0.8 \
+	"--workload write $big" "--workload memcpy --size 1M"
+qos="--workload qos --flows 1 --limit 2000 --size 4K --file-size 16M --queue-depth 8"
+two "qos accuracy, server enforcement (--ignore-limit): achieved / limit" "<=" 1.03 \
+	"qos accuracy, client initiation limit: achieved / limit" "<=" 1.03 qos_accuracy \
+	"$qos --ignore-limit" "$qos"
+if [ "$cifs" = 1 ] && [ -x scripts/bench-cifs.sh ]; then
+	# The hook prints Markdown rows of this table's shape.
+	while IFS= read -r line; do rows+=("$line"); done < <(scripts/bench-cifs.sh --pairs "$pairs")
+else
+	why="scripts/bench-cifs.sh absent"
+	[ "$cifs" = 0 ] && why="--no-cifs"
+	rows+=("| cifs (kernel SMB client over RDMA), fio | - | not run ($why) | - | - | - | - | - | - |")
+fi
+
+print_table "smbdirectd bench matrix" \
+	"started $started, commit $rev, $(nproc) cores, provider soft, one server worker, $pairs pairs of ${duration} s runs (+${warmup} s warm-up) alternating A B; ratio = median of per-pair A/B${cores:+, cores $cores}"

@@ -373,7 +373,12 @@ fn serve(a: ServeArgs) -> ExitCode {
     }
     let policies = match &a.policy_file {
         Some(p) if p.exists() => match PolicyStore::load(p) {
-            Ok(s) => s,
+            Ok(s) => {
+                for w in s.warnings() {
+                    eprintln!("smbdirectd: warn: --policy-file {}: {w}", p.display());
+                }
+                s
+            }
             Err(e) => return usage_error(format!("--policy-file: {e}")),
         },
         Some(p) => {

@@ -141,6 +141,9 @@ pub fn run(cmd: QosCommand) -> ExitCode {
                     eprintln!("smbdirectd: qos policy add: {e}");
                     return ExitCode::from(2);
                 }
+                if let Some(w) = entry.mismatch() {
+                    eprintln!("smbdirectd: warn: {w}");
+                }
                 (QosRequest::PolicyAdd { entry, replace }, target, false)
             }
         },

@@ -516,6 +516,54 @@ fn qos_policy_subcommands_change_a_running_daemon() {
     terminate(d);
 }
 
+/// [MS-SQOS] 2.2.2.1 StorageQoSStatusConfigurationMismatch: a policy whose
+/// minimum is above its maximum is accepted with a warning; a flow under it
+/// is limited to the maximum, keeps no reservation and reports the mismatch
+/// in GET_STATUS and in `qos flows`.
+#[test]
+fn policy_that_cannot_be_applied_reports_configuration_mismatch() {
+    let _g = serial();
+    let (d, port, _pf) = start(&[]);
+    let id = "55555555-6666-7777-8888-999999999999";
+    let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["qos", "policy", "add", id, "--type", "dedicated"])
+        .args(["--min-iops", "900", "--max-iops", "300"])
+        .args(["--admin-socket", &d.admin])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("configuration mismatch"), "{err}");
+    let provider = SoftProvider::new().unwrap();
+    let mut s = session(&provider, port);
+    let f = file(&mut s, "m.bin", 8192);
+    let (st, _) = ioctl(
+        &mut s,
+        f,
+        &set_policy(guid(9), id.parse().unwrap(), 0, 0),
+        4096,
+    );
+    assert_eq!(st, STATUS_SUCCESS);
+    let (st, out) = ioctl(
+        &mut s,
+        f,
+        &request(Options::GET_STATUS, guid(9)).to_vec(),
+        4096,
+    );
+    assert_eq!(st, STATUS_SUCCESS);
+    let r = status(&out);
+    assert_eq!(r.status, FlowStatus::ConfigurationMismatch);
+    assert_eq!((r.maximum_io_rate, r.minimum_io_rate), (300, 0));
+    let flows = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["qos", "flows", "--admin-socket", &d.admin])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&flows.stdout);
+    assert!(text.contains("ConfigurationMismatch"), "{text}");
+    drop(s);
+    terminate(d);
+}
+
 /// Every MS-SQOS failure the wire can reach, one test each: the IOCTL
 /// response carries the status, the connection goes on.
 mod errors {

@@ -8,7 +8,7 @@
 mod common;
 use common::*;
 
-use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::soft::{SoftConfig, SoftProvider};
 use smbdirect_dataplane::provider::{MemoryRegion, Provider};
 use smbdirect_dataplane::smb2::client::{
     IoBuf, MessageId, Smb2Client, Smb2ClientOptions, Smb2Error, Transfer,
@@ -125,9 +125,14 @@ struct Env {
 
 impl Env {
     fn start() -> Env {
+        Self::start_with(SoftConfig::default())
+    }
+
+    /// With the client's provider configured as `provider`.
+    fn start_with(provider: SoftConfig) -> Env {
         let port = free_port();
         let d = spawn(port, &["--upper", "smb2"]);
-        let provider = SoftProvider::new().unwrap();
+        let provider = SoftProvider::with_config(provider).unwrap();
         let (pool, mr) = client_pool(&provider);
         let alloc = Some(pool.claim_slice(0).unwrap());
         Env {
@@ -796,6 +801,43 @@ fn steady_state_pipelined_io_does_not_allocate_in_the_client() {
     assert_eq!(n, 0, "the client allocated {n} times in steady state");
     let st = c.stats();
     assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");
+    env.done(c);
+    env.stop();
+}
+
+#[test]
+fn invalidated_grants_are_given_back_so_rdma_io_never_runs_out_of_windows() {
+    // The client's provider modelled on verbs: 64 memory windows per queue
+    // pair (VerbsConfig::mws_per_qp), and a window the server invalidated
+    // with Send with Invalidate stays taken until the client deregisters it
+    // ([MS-SMBD] 3.1.4.4). Before the fix the 65th invalidating request
+    // found no window.
+    let mut env = Env::start_with(SoftConfig {
+        grants_per_qp: 64,
+        reclaim_invalidated: false,
+        ..SoftConfig::default()
+    });
+    let mut c = env.session(Dialect::SMB_3_1_1);
+    let fid = create(&mut c, "invalidate.bin");
+    let t = Transfer::Rdma {
+        descriptors: 2,
+        invalidate: true,
+    };
+    let rounds = 3 * 64;
+    for i in 0..rounds {
+        let data = pattern(4096, 7000 + i);
+        let off = (i % 8) * 4096;
+        assert_eq!(c.write(fid, off, &data, t).expect("write") as usize, 4096);
+        assert!(
+            c.read(fid, off, 4096, t).expect("read") == data,
+            "round {i}"
+        );
+    }
+    let st = c.stats();
+    assert!(st.invalidated >= 2 * rounds, "{st:?}");
+    assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");
+    assert_eq!(st.released, st.grants, "every grant handed back: {st:?}");
+    c.close(fid).unwrap();
     env.done(c);
     env.stop();
 }

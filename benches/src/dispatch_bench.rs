@@ -454,24 +454,38 @@ pub fn callgrind_instructions(
     variant: Variant,
     iters: u64,
 ) -> Result<f64, DispatchError> {
+    let args = ["--only", variant.name(), "--iters", &iters.to_string()].map(String::from);
+    callgrind_per_iter(exe, "*dispatch_bench*hot_loop*", &args, iters)
+        .map_err(|e| DispatchError(format!("{}: {e}", variant.name())))
+}
+
+/// Instructions per iteration of a benchmark loop: runs `exe args` under
+/// `valgrind --tool=callgrind`, collecting only inside functions matching
+/// `toggle` (a callgrind `--toggle-collect` pattern), and divides the count
+/// by `iters`. Errors when valgrind fails or collected nothing.
+pub fn callgrind_per_iter(
+    exe: &std::path::Path,
+    toggle: &str,
+    args: &[String],
+    iters: u64,
+) -> Result<f64, String> {
     let out = std::process::Command::new("valgrind")
         .args([
             "--tool=callgrind",
             "--callgrind-out-file=/dev/null",
-            "--toggle-collect=*dispatch_bench*hot_loop*",
+            &format!("--toggle-collect={toggle}"),
         ])
         .arg(exe)
-        .args(["--only", variant.name(), "--iters", &iters.to_string()])
+        .args(args)
         .output()
-        .map_err(|e| DispatchError(format!("running valgrind: {e}")))?;
+        .map_err(|e| format!("running valgrind: {e}"))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        return Err(DispatchError(format!(
-            "valgrind {} failed ({}): {}",
-            variant.name(),
+        return Err(format!(
+            "valgrind failed ({}): {}",
             out.status,
             stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
-        )));
+        ));
     }
     let collected = stderr
         .lines()
@@ -479,10 +493,10 @@ pub fn callgrind_instructions(
             let (_, rest) = l.split_once("Collected :")?;
             rest.trim().replace(',', "").parse::<u64>().ok()
         })
-        .ok_or_else(|| DispatchError("no \"Collected :\" line in callgrind's output".into()))?;
+        .ok_or_else(|| "no \"Collected :\" line in callgrind's output".to_string())?;
     if collected == 0 {
-        return Err(DispatchError(
-            "callgrind collected nothing: hot_loop's symbol did not match".into(),
+        return Err(format!(
+            "callgrind collected nothing: no symbol matched {toggle}"
         ));
     }
     Ok(collected as f64 / iters as f64)

@@ -4,6 +4,7 @@
 //! `dp-worker-N`; the raw echo peer `bench-raw-echo`), and two runs that
 //! differ only in `--iterations` (by 5,000 operations) must make the same
 //! number of allocations on those threads, give or take set-up noise.
+//! `read` and `write` run with `--verify` too (RDMA channel and inline).
 
 use clap::Parser;
 use smbdirect_benches::bench::{run, BenchArgs, BenchOptions};
@@ -90,17 +91,15 @@ struct Cli {
 }
 
 /// Allocations on (client, server) threads of one run.
-fn allocations(workload: &str, iterations: u64) -> (u64, u64) {
+fn allocations(workload: &str, extra: &[&str], iterations: u64) -> (u64, u64) {
     let n = iterations.to_string();
-    let cli = Cli::parse_from([
+    let mut argv = vec![
         "bench",
         "--loopback",
         "--provider",
         "soft",
         "--workload",
         workload,
-        "--size",
-        "2000",
         "--queue-depth",
         "2",
         "--iterations",
@@ -109,7 +108,12 @@ fn allocations(workload: &str, iterations: u64) -> (u64, u64) {
         "0",
         "--verify",
         "--quiet",
-    ]);
+    ];
+    if !extra.contains(&"--size") {
+        argv.extend_from_slice(&["--size", "2000"]);
+    }
+    argv.extend_from_slice(extra);
+    let cli = Cli::parse_from(argv);
     let opts = BenchOptions::from_args(&cli.args).expect("valid options");
     let (c0, s0) = (
         CLIENT_ALLOCS.load(Ordering::Relaxed),
@@ -128,13 +132,18 @@ fn allocations(workload: &str, iterations: u64) -> (u64, u64) {
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn assert_no_allocation_per_operation(workload: &str) {
+    assert_no_allocation_per_operation_with(workload, &[]);
+}
+
+fn assert_no_allocation_per_operation_with(workload: &str, extra: &[&str]) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // A first run warms up anything process-wide (the soft provider's
     // statics, hugepage probing).
-    allocations(workload, 200);
-    let (c_short, s_short) = allocations(workload, 500);
-    let (c_long, s_long) = allocations(workload, 5_500);
+    allocations(workload, extra, 200);
+    let (c_short, s_short) = allocations(workload, extra, 500);
+    let (c_long, s_long) = allocations(workload, extra, 5_500);
     let slack = 64;
+    let workload = format!("{workload} {}", extra.join(" "));
     eprintln!("{workload}: (client, server) allocations: 500 ops ({c_short}, {s_short}), 5,500 ops ({c_long}, {s_long})");
     assert!(
         c_long <= c_short + slack,
@@ -154,4 +163,15 @@ fn send_allocates_nothing_per_operation_on_either_side() {
 #[test]
 fn raw_send_allocates_nothing_per_operation_on_either_side() {
     assert_no_allocation_per_operation("raw-send");
+}
+
+#[test]
+fn read_and_write_allocate_nothing_per_operation_on_either_side() {
+    for w in ["read", "write"] {
+        assert_no_allocation_per_operation_with(w, &["--size", "4096", "--file-size", "1M"]);
+        assert_no_allocation_per_operation_with(
+            w,
+            &["--size", "4096", "--file-size", "1M", "--inline"],
+        );
+    }
 }

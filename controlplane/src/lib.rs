@@ -6,6 +6,7 @@
 //! QoS flow table. It talks to workers only through bounded lock-free rings.
 
 pub mod admin;
+pub mod pressure;
 pub mod qos;
 pub mod qos_admin;
 pub mod qos_policy;

@@ -343,9 +343,28 @@ impl QosEngine {
             );
         }
         match self.policies.lookup(&f.policy_id()) {
+            // A minimum above the maximum cannot be applied: enforce the
+            // maximum, keep no reservation, report ConfigurationMismatch
+            // (docs/spec-notes.md, "Configuration mismatch").
+            Some(p) if p.is_mismatched() => (
+                Some(Policy {
+                    minimum_iops: 0,
+                    ..p
+                }),
+                false,
+            ),
             Some(p) => (Some(p), false),
             None => (None, true),
         }
+    }
+
+    /// Whether the policy the flow names cannot be applied as written.
+    fn mismatched(&self, id: &Guid) -> bool {
+        self.table
+            .get(id)
+            .filter(|f| f.policy_applied() && !f.policy_id().is_null())
+            .and_then(|f| self.policies.lookup(&f.policy_id()))
+            .is_some_and(|p| p.is_mismatched())
     }
 
     /// Divides every active flow's limits among its workers, reports each
@@ -444,7 +463,6 @@ impl QosEngine {
                 );
                 continue;
             }
-            let p = policies[pidx.unwrap_or(0)];
             let t = totals.get(&index).copied().unwrap_or_default();
             let meta = &self.flows[&id];
             let starved = meta
@@ -452,7 +470,7 @@ impl QosEngine {
                 .iter()
                 .flatten()
                 .any(|(r, sat)| *sat && !r.reservation_met);
-            let status = if p.maximum_iops > 0 && p.minimum_iops > p.maximum_iops {
+            let status = if self.mismatched(&id) {
                 FlowStatus::ConfigurationMismatch
             } else if starved {
                 FlowStatus::InsufficientThroughput
@@ -665,6 +683,38 @@ mod tests {
             status(&r.unwrap().unwrap()).status,
             FlowStatus::UnknownPolicyId
         );
+    }
+
+    /// [MS-SQOS] 2.2.2.1: a policy whose minimum is above its maximum cannot
+    /// be applied as written: the flow gets the maximum, no reservation, and
+    /// GET_STATUS says StorageQoSStatusConfigurationMismatch.
+    #[test]
+    fn policy_with_minimum_above_maximum_reports_configuration_mismatch() {
+        let odd: Guid = SHARED.parse().unwrap();
+        let policies = PolicyStore::parse(
+            &format!("[[policy]]\nid = \"{SHARED}\"\ntype = \"dedicated\"\nmin_iops = 900\nmax_iops = 300\n"),
+            "test",
+        )
+        .unwrap();
+        assert_eq!(policies.warnings().len(), 1);
+        let mut e = QosEngine::new(1, policies, None);
+        let (r, f) = reply(
+            e.request(0, 1, 1, 1, true, &set_policy(flow(3), odd, 0), 4096)
+                .0,
+        );
+        assert_eq!(r, Ok(None));
+        let f = f.expect("associated");
+        assert_eq!((f.rates.max_iops, f.rates.min_iops), (300, 0));
+        let (r, _) = reply(e.request(0, 1, 2, 1, true, &get_status(flow(3)), 4096).0);
+        let s = status(&r.unwrap().unwrap());
+        assert_eq!(s.status, FlowStatus::ConfigurationMismatch);
+        assert_eq!((s.maximum_io_rate, s.minimum_io_rate), (300, 0));
+        // A sound policy beside it still reports Ok.
+        let mut e = QosEngine::new(1, store(), None);
+        let gold: Guid = GOLD.parse().unwrap();
+        let _ = e.request(0, 1, 1, 1, true, &set_policy(flow(4), gold, 0), 4096);
+        let (r, _) = reply(e.request(0, 1, 2, 1, true, &get_status(flow(4)), 4096).0);
+        assert_eq!(status(&r.unwrap().unwrap()).status, FlowStatus::Ok);
     }
 
     #[test]

@@ -1341,7 +1341,7 @@ mod tests {
     }
 
     #[test]
-    fn add_with_min_above_max_is_refused_as_configuration_mismatch() {
+    fn add_with_min_above_max_is_kept_as_a_configuration_mismatch() {
         let mut store = PolicyStore::new();
         let reply = handle(
             &format!("qos policy add {GOLD} --type dedicated --min-iops 10 --max-iops 5"),
@@ -1349,13 +1349,14 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert!(
-            reply.starts_with(
-                "{\"ok\":false,\"error\":\"min_iops 10 is above max_iops 5: configuration mismatch"
-            ),
-            "{reply}"
-        );
-        assert!(store.is_empty());
+        let Ok(QosReply::PolicyAdded { entry, .. }) = parse_reply(&reply) else {
+            panic!("{reply}")
+        };
+        assert!(entry
+            .mismatch()
+            .is_some_and(|w| w.contains("configuration mismatch")));
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.warnings().len(), 1);
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //!   `aggregated` (the flows naming the policy share them); any case.
 //! - `min_iops`, `max_iops`, `max_bandwidth_kbps` (optional, default 0):
 //!   integers from 0 to [`MAX_POLICY_VALUE`]; 0 means "not defined".
-//!   `min_iops` above a non-zero `max_iops` is a configuration mismatch and
-//!   refused.
+//!   `min_iops` above a non-zero `max_iops` is a configuration mismatch: the
+//!   policy is accepted with a warning, its flows get `max_iops` and no
+//!   reservation, and report StorageQoSStatusConfigurationMismatch
+//!   ([MS-SQOS] 2.2.2.1; docs/spec-notes.md, "Configuration mismatch").
 //! - `name` (optional): for operators only, 1 to [`MAX_NAME_CHARS`]
 //!   characters, no control characters.
 //!
@@ -81,8 +83,9 @@ pub struct PolicyEntry {
 
 impl PolicyEntry {
     /// Checks what the policy file's loader checks beyond syntax: a non-NULL
-    /// id, values within [`MAX_POLICY_VALUE`], `minimum_iops` not above a
-    /// defined `maximum_iops`, and a printable name.
+    /// id, values within [`MAX_POLICY_VALUE`] and a printable name. A
+    /// minimum above the maximum is not an error but a
+    /// [`PolicyEntry::mismatch`].
     pub fn validate(&self) -> Result<(), String> {
         if self.id.is_null() {
             return Err("the NULL GUID cannot name a policy (a NULL PolicyID means no policy, [MS-SQOS] 2.2.2.2)".into());
@@ -102,13 +105,23 @@ impl PolicyEntry {
                 ));
             }
         }
-        if p.maximum_iops > 0 && p.minimum_iops > p.maximum_iops {
-            return Err(format!(
-                "min_iops {} is above max_iops {}: configuration mismatch (a minimum above the maximum can never be met; max_iops 0 means no maximum)",
-                p.minimum_iops, p.maximum_iops
-            ));
-        }
         Ok(())
+    }
+
+    /// The operator's warning for a policy that cannot be applied as
+    /// written: a `minimum_iops` above a defined `maximum_iops` can never be
+    /// met. Such a policy is kept; its flows are limited to the maximum, get
+    /// no reservation, and report StorageQoSStatusConfigurationMismatch
+    /// ([MS-SQOS] 2.2.2.1: "doesn't support one or more of the requested
+    /// parameters").
+    pub fn mismatch(&self) -> Option<String> {
+        let p = &self.policy;
+        p.is_mismatched().then(|| {
+            format!(
+                "policy {:#}: min_iops {} is above max_iops {}: configuration mismatch; its flows are limited to max_iops {}, get no reservation and report StorageQoSStatusConfigurationMismatch (max_iops 0 means no maximum)",
+                self.id, p.minimum_iops, p.maximum_iops, p.maximum_iops
+            )
+        })
     }
 }
 
@@ -232,6 +245,15 @@ impl PolicyStore {
             store.entries.push(entry);
         }
         Ok(store)
+    }
+
+    /// The warnings of the policies that cannot be applied as written
+    /// ([`PolicyEntry::mismatch`]), one line each, for the operator's log.
+    pub fn warnings(&self) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter_map(PolicyEntry::mismatch)
+            .collect()
     }
 
     /// Adds `entry`. A policy with the same id is an error (use
@@ -702,20 +724,26 @@ max_bandwidth_kbps = 0x400
     }
 
     #[test]
-    fn minimum_above_maximum_is_a_configuration_mismatch() {
-        let e = parse_err(&format!(
-            "[[policy]]\nid = \"{GOLD}\"\ntype = \"dedicated\"\nmax_iops = 100\nmin_iops = 200\n"
-        ));
-        assert_eq!(
-            e,
-            format!("p.toml:5: [[policy]] #1 ({GOLD}): min_iops 200 is above max_iops 100: configuration mismatch (a minimum above the maximum can never be met; max_iops 0 means no maximum)")
-        );
-        // A minimum with no maximum is fine.
-        assert!(PolicyStore::parse(
-            &format!("[[policy]]\nid = \"{GOLD}\"\ntype = \"dedicated\"\nmin_iops = 200\n"),
-            "p.toml"
+    fn minimum_above_maximum_is_kept_with_a_configuration_mismatch_warning() {
+        let s = PolicyStore::parse(
+            &format!("[[policy]]\nid = \"{GOLD}\"\ntype = \"dedicated\"\nmax_iops = 100\nmin_iops = 200\n"),
+            "p.toml",
         )
-        .is_ok());
+        .unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            s.warnings(),
+            vec![format!("policy {GOLD}: min_iops 200 is above max_iops 100: configuration mismatch; its flows are limited to max_iops 100, get no reservation and report StorageQoSStatusConfigurationMismatch (max_iops 0 means no maximum)")]
+        );
+        // A minimum with no maximum, or equal to it, is fine.
+        for body in ["min_iops = 200\n", "min_iops = 100\nmax_iops = 100\n"] {
+            let s = PolicyStore::parse(
+                &format!("[[policy]]\nid = \"{GOLD}\"\ntype = \"dedicated\"\n{body}"),
+                "p.toml",
+            )
+            .unwrap();
+            assert!(s.warnings().is_empty(), "{body}");
+        }
     }
 
     #[test]
@@ -760,15 +788,21 @@ max_bandwidth_kbps = 0x400
     #[test]
     fn add_refuses_what_the_file_refuses() {
         let mut s = PolicyStore::new();
-        assert!(s
-            .add(entry(GOLD, None, PolicyKind::Dedicated, 9, 8, 0))
-            .unwrap_err()
-            .contains("configuration mismatch"));
         let mut null = entry(GOLD, None, PolicyKind::Dedicated, 0, 0, 0);
         null.id = Guid::NULL;
         assert!(s.add(null).unwrap_err().contains("NULL GUID"));
         assert!(s.is_empty());
         assert_eq!(s.generation(), 0);
+    }
+
+    #[test]
+    fn add_keeps_a_mismatched_policy_and_warns() {
+        let mut s = PolicyStore::new();
+        let e = entry(GOLD, None, PolicyKind::Dedicated, 9, 8, 0);
+        assert!(e.mismatch().unwrap().contains("configuration mismatch"));
+        s.add(e).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.warnings().len(), 1);
     }
 
     #[test]

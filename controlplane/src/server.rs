@@ -2,6 +2,7 @@
 //! pinned worker per core, and the `cp` thread.
 
 use crate::admin::AdminSocket;
+use crate::pressure::{Pressure, PressureLog};
 use crate::qos::QosEngine;
 use crate::qos_policy::PolicyStore;
 use crate::stats::ServerStats;
@@ -17,7 +18,7 @@ use smbdirect_dataplane::upper::UpperLayer;
 use smbdirect_dataplane::worker::{Worker, WorkerConfig};
 use smbdirect_hugepages::{Backing, BufId, PoolConfig};
 use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, NegotiateDecision};
-use smbdirect_protocol::smbd::SmbdConfig;
+use smbdirect_protocol::smbd::{SmbdConfig, TerminateReason};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -286,6 +287,14 @@ pub fn start<P: Provider, U: UpperLayer>(
         qos_opens: Default::default(),
         store: std::sync::Mutex::new(cfg.store_description.clone()),
     });
+    // The workers lend the control plane their receive buffers before they
+    // report ready: the control plane accepts nothing before that (a
+    // connection arriving first would be refused for want of a buffer).
+    for _ in 0..nworkers {
+        if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            return Err(ServerError::Config("a worker did not start".into()));
+        }
+    }
     let admin = match &cfg.admin_socket {
         Some(p) => Some(AdminSocket::bind(p).map_err(ServerError::Io)?),
         None => None,
@@ -323,12 +332,10 @@ pub fn start<P: Provider, U: UpperLayer>(
             .map_err(ServerError::Io)?
     };
     // Report the server up only once every thread is pinned and running.
-    for _ in 0..=nworkers {
-        if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
-            return Err(ServerError::Config(
-                "a worker or the control plane did not start".into(),
-            ));
-        }
+    if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        return Err(ServerError::Config(
+            "the control plane did not start".into(),
+        ));
     }
     Ok(RunningServer {
         shutdown,
@@ -342,6 +349,8 @@ pub fn start<P: Provider, U: UpperLayer>(
 struct ConnInfo {
     peer: SocketAddr,
     worker: usize,
+    /// The control plane refused its negotiation (already logged).
+    refused: bool,
 }
 
 /// What the `cp` thread owns.
@@ -376,6 +385,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     let mut last_line = Instant::now();
     let mut prev = stats.totals();
     let mut last_counters = Instant::now();
+    let mut pressure = PressureLog::new();
     // Counters are readable from the first stats request on.
     if let Ok(mut pc) = stats.provider_counters.lock() {
         *pc = provider.counters();
@@ -386,9 +396,12 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                 let peer = req.peer_addr();
                 if conns.len() >= cfg.max_connections {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    crate::warn!(
-                        "refused connection from {peer}: at --max-connections {}",
-                        cfg.max_connections
+                    pressure.event(
+                        Pressure::MaxConnections,
+                        format_args!(
+                            "refused connection from {peer}: at --max-connections {}",
+                            cfg.max_connections
+                        ),
                     );
                     req.reject();
                 } else {
@@ -404,8 +417,11 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                     let loan = sides[w].loans.pop().map(BufId::from_bits);
                     let Some(rbuf) = loan.and_then(|b| stats.pool.locate(b).map(|l| (b, l))) else {
                         stats.rejected.fetch_add(1, Ordering::Relaxed);
-                        crate::warn!(
-                            "refused connection from {peer}: worker {w} has no free receive buffer"
+                        pressure.event(
+                            Pressure::NoReceiveBuffer,
+                            format_args!(
+                                "refused connection from {peer}: worker {w} has no free receive buffer (buffer pool exhausted: see --pool-mem)"
+                            ),
                         );
                         req.reject();
                         continue;
@@ -435,7 +451,14 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                                 }
                             }
                             attaching[w] += 1;
-                            conns.insert(id, ConnInfo { peer, worker: w });
+                            conns.insert(
+                                id,
+                                ConnInfo {
+                                    peer,
+                                    worker: w,
+                                    refused: false,
+                                },
+                            );
                             stats.accepted.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => {
@@ -452,7 +475,15 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching, &mut qos);
+        service_workers(
+            &mut sides,
+            cfg,
+            stats,
+            &mut conns,
+            &mut attaching,
+            &mut qos,
+            &mut pressure,
+        );
         for (w, m) in qos.tick(false) {
             sides[w].backlog.push_back(ToWorker::Upper(m));
         }
@@ -468,6 +499,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
             if let Ok(mut pc) = stats.provider_counters.lock() {
                 *pc = provider.counters();
             }
+            pressure.tick(stats);
         }
         if let Some(a) = &admin {
             a.serve_pending(&mut |req| answer(req, stats, &mut qos));
@@ -496,7 +528,15 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     }
     for i in 0..sides.len() {
         while !stats.workers[i].exited.load(Ordering::Acquire) {
-            service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching, &mut qos);
+            service_workers(
+                &mut sides,
+                cfg,
+                stats,
+                &mut conns,
+                &mut attaching,
+                &mut qos,
+                &mut pressure,
+            );
             flush_backlogs(&mut sides);
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -504,10 +544,19 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
             let _ = t.join();
         }
     }
-    service_workers(&mut sides, cfg, stats, &mut conns, &mut attaching, &mut qos);
+    service_workers(
+        &mut sides,
+        cfg,
+        stats,
+        &mut conns,
+        &mut attaching,
+        &mut qos,
+        &mut pressure,
+    );
     if let Ok(mut pc) = stats.provider_counters.lock() {
         *pc = provider.counters();
     }
+    pressure.flush(stats);
 }
 
 fn flush_backlogs<P: Provider>(sides: &mut [WorkerSide<P>]) {
@@ -548,6 +597,7 @@ fn service_workers<P: Provider>(
     conns: &mut HashMap<u64, ConnInfo>,
     attaching: &mut [usize],
     qos: &mut QosEngine,
+    pressure: &mut PressureLog,
 ) {
     let mut extra: Vec<(usize, ToWorker<P::Qp>)> = Vec::new();
     for (wi, side) in sides.iter_mut().enumerate() {
@@ -589,10 +639,14 @@ fn service_workers<P: Provider>(
                     match decision {
                         NegotiateDecision::Fail(status) => {
                             stats.negotiate_failures.fetch_add(1, Ordering::Relaxed);
-                            if let Some(c) = conns.get(&conn) {
-                                crate::warn!(
-                                    "conn {conn} from {}: negotiation refused with {status}",
-                                    c.peer
+                            if let Some(c) = conns.get_mut(&conn) {
+                                c.refused = true;
+                                pressure.event(
+                                    Pressure::NegotiateRefused,
+                                    format_args!(
+                                        "conn {conn} from {}: negotiation refused with {status}",
+                                        c.peer
+                                    ),
                                 );
                             }
                         }
@@ -621,6 +675,28 @@ fn service_workers<P: Provider>(
                             crate::warn!(
                                 "conn {conn} from {}: protocol violation, terminated: {reason}",
                                 c.peer
+                            );
+                        } else if let CloseReason::Protocol(TerminateReason::NegotiateFailed {
+                            status,
+                        }) = reason
+                        {
+                            // Refused by the worker: no receive could be
+                            // posted for the connection's credits ([MS-SMBD]
+                            // 3.1.5.6, STATUS_INSUFFICIENT_RESOURCES).
+                            if !c.refused {
+                                stats.negotiate_failures.fetch_add(1, Ordering::Relaxed);
+                                pressure.event(
+                                    Pressure::NoReceiveBuffer,
+                                    format_args!(
+                                        "conn {conn} from {}: negotiation refused with {status}: no receive buffer could be posted (buffer pool exhausted: see --pool-mem)",
+                                        c.peer
+                                    ),
+                                );
+                            }
+                        } else if reason == CloseReason::PoolExhausted {
+                            pressure.event(
+                                Pressure::PoolClosed,
+                                format_args!("conn {conn} from {}: closed: {reason}", c.peer),
                             );
                         } else if !matches!(reason, CloseReason::Shutdown) {
                             crate::info!("conn {conn} from {}: closed: {reason}", c.peer);

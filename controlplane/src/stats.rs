@@ -185,7 +185,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -197,6 +197,7 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.protocol_errors,
         t.rdma_errors,
         t.pool_stalls,
+        t.store_full,
         t.timeouts,
         t.sessions,
         t.opens,

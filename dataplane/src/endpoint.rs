@@ -86,7 +86,8 @@ pub enum EndpointError {
     Terminated(TerminateReason),
     /// The provider failed a work request (status) on this queue pair.
     Provider(WcStatus),
-    /// The pool had no buffer for a send: retry after buffers return.
+    /// The pool had no buffer for a message that cannot wait (a
+    /// reassembled message, [MS-SMBD] 3.1.5.8): the connection ends.
     PoolExhausted,
 }
 
@@ -138,6 +139,10 @@ pub struct EndpointStats {
     pub sends_posted: u64,
     /// Sends held back because the pool had no send buffer.
     pub pool_stalls: u64,
+    /// Times fewer receives were posted than the credits called for,
+    /// because the pool had no receive buffer ([MS-SMBD] 3.1.5.9: those
+    /// credits are not granted until a buffer returns).
+    pub receive_shortfalls: u64,
 }
 
 /// Counters of a connection's RDMA operations.
@@ -635,6 +640,7 @@ impl<Q: QueuePair> ReceivePoster for Poster<'_, Q> {
             let mut n = 0;
             while n < BATCH && done + (n as u16) < want {
                 let Ok(id) = self.alloc.alloc(ClassId::RECEIVE) else {
+                    self.stats.receive_shortfalls += 1;
                     break;
                 };
                 let Some(loc) = self.pool.locate(id) else {
@@ -826,14 +832,17 @@ impl<Q: QueuePair> Endpoint<Q> {
         p.post_receives(1) == 1
     }
 
+    /// Ends the endpoint for `e`: whatever the cause (a protocol violation,
+    /// a timer, a failed work request, no pool buffer for a message), the
+    /// RDMA connection is torn down, so the provider flushes every posted
+    /// request back and every buffer comes home through completions
+    /// (a connection left up with receives posted would be neither served
+    /// nor released). After a provider error the queue pair is already
+    /// broken and disconnecting it again changes nothing.
     fn fail(&mut self, e: EndpointError) -> EndpointError {
         if self.failed.is_none() {
             self.failed = Some(e);
-            if let EndpointError::Terminated(_) = e {
-                // A protocol violation or timer: tear the RDMA connection down
-                // (flushes return every posted buffer through completions).
-                self.qp.disconnect();
-            }
+            self.qp.disconnect();
         }
         e
     }
@@ -1419,7 +1428,18 @@ mod tests {
                     SendOp::RdmaWrite { sges, remote } => {
                         (false, sges, remote, WcOpcode::RdmaWrite)
                     }
-                    SendOp::Send { .. } => panic!("no sends in these tests"),
+                    SendOp::Send { .. } => {
+                        // A Send (the negotiate response of a test that
+                        // negotiates): completes, or is flushed once broken.
+                        let status = if self.broken {
+                            WcStatus::Flushed
+                        } else {
+                            WcStatus::Success
+                        };
+                        self.sq
+                            .push_back((wr.wr_id, false, wr.signaled, status, WcOpcode::Send));
+                        continue;
+                    }
                 };
                 assert_eq!(sges.len(), 1, "one SGE per RDMA work request");
                 let status = if self.broken {
@@ -1766,5 +1786,70 @@ mod tests {
             r.ep.post_rdma().is_err(),
             "nothing is posted after a failure"
         );
+    }
+
+    /// Delivers `bytes` as a receive completion in a fresh receive buffer.
+    fn deliver(r: &mut Rig, bytes: &[u8]) -> Result<Option<Event>, EndpointError> {
+        let id = r.alloc.alloc(ClassId::RECEIVE).unwrap();
+        // SAFETY: `id` was just allocated and is exclusively ours.
+        unsafe { r.pool.bytes_mut(id) }.unwrap()[..bytes.len()].copy_from_slice(bytes);
+        let wc = Completion {
+            wr_id: recv_wr_id(id),
+            qp: QpId(1),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: bytes.len() as u32,
+            invalidated_rkey: None,
+        };
+        r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+    }
+
+    /// A Data Transfer fragment of `len` payload bytes, `remaining` to come.
+    fn fragment(len: u32, remaining: u32) -> Vec<u8> {
+        use smbdirect_protocol::smbd::wire::DataTransferRepr;
+        let h = DataTransferRepr {
+            credits_requested: 8,
+            credits_granted: 8,
+            ..DataTransferRepr::with_payload(len, remaining)
+        };
+        let mut b = vec![0x5au8; h.buffer_len()];
+        h.emit_header(&mut b);
+        b
+    }
+
+    #[test]
+    fn no_buffer_for_a_reassembled_message_ends_the_connection_and_disconnects() {
+        use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
+        let mut r = rig(16);
+        assert!(r.ep.post_negotiate_receive(&mut r.alloc));
+        let req = NegotiateRequestRepr {
+            min_version: 0x0100,
+            max_version: 0x0100,
+            credits_requested: 8,
+            preferred_send_size: 1364,
+            max_receive_size: 8192,
+            max_fragmented_size: 1 << 20,
+        };
+        deliver(&mut r, &req.to_bytes()).expect("negotiate request");
+        r.ep.flush(Instant::ZERO, &mut r.alloc)
+            .expect("negotiate response");
+        assert!(r.ep.connection().is_established());
+        // A 10,000-byte message needs a 64 KiB buffer once reassembled:
+        // take every one.
+        let taken: Vec<BufId> = std::iter::from_fn(|| r.alloc.alloc(ClassId(2)).ok()).collect();
+        assert_eq!(taken.len(), 8);
+        assert!(matches!(deliver(&mut r, &fragment(6000, 4000)), Ok(None)));
+        assert!(matches!(
+            deliver(&mut r, &fragment(4000, 0)),
+            Err(EndpointError::PoolExhausted)
+        ));
+        // The connection is over, and torn down: the provider flushes every
+        // posted receive back, so the worker's close completes (it waited
+        // for them forever when the queue pair stayed up).
+        assert_eq!(r.ep.failure(), Some(EndpointError::PoolExhausted));
+        assert_eq!(r.ep.qp().state(), QpState::Error);
+        for id in taken {
+            r.alloc.free(id).unwrap();
+        }
     }
 }

@@ -4,8 +4,10 @@
 pub mod capture;
 pub mod client;
 pub mod endpoint;
+pub mod hint;
 pub mod planes;
 pub mod provider;
+pub mod ratelog;
 pub mod smb2;
 pub mod upper;
 pub mod worker;

@@ -134,6 +134,11 @@ pub enum CloseReason {
     Provider(crate::provider::WcStatus),
     /// The worker had no room for it.
     Capacity,
+    /// The buffer pool had no buffer for a message that cannot wait (a
+    /// reassembled message): pool pressure, not the peer's fault.
+    PoolExhausted,
+    /// The upper layer's reply is larger than the peer can reassemble.
+    ReplyTooLarge,
     /// The upper layer asked for it (the peer broke the upper-layer
     /// protocol in a way that calls for a disconnect).
     UpperLayer,
@@ -150,6 +155,12 @@ impl core::fmt::Display for CloseReason {
             }
             CloseReason::Provider(s) => write!(f, "RDMA error {s:?}"),
             CloseReason::Capacity => f.write_str("worker at its connection limit"),
+            CloseReason::PoolExhausted => f.write_str(
+                "no free pool buffer for a reassembled message (buffer pool exhausted: see --pool-mem)",
+            ),
+            CloseReason::ReplyTooLarge => {
+                f.write_str("a reply is larger than the peer's MaxFragmentedSize")
+            }
             CloseReason::UpperLayer => {
                 f.write_str("the upper layer disconnected it (upper-layer protocol violation)")
             }
@@ -228,8 +239,11 @@ pub struct WorkerStats {
     pub protocol_errors: AtomicU64,
     /// Other RDMA errors.
     pub rdma_errors: AtomicU64,
-    /// Times a buffer was not available and work waited.
+    /// Times a buffer was not available and work waited (send buffers,
+    /// RDMA data buffers, receives that could not be reposted).
     pub pool_stalls: AtomicU64,
+    /// Requests refused because the store is full (STATUS_DISK_FULL).
+    pub store_full: AtomicU64,
     /// Connections ended by the negotiation or keepalive timers.
     pub timeouts: AtomicU64,
     /// Poll-loop iterations that found work.
@@ -267,6 +281,7 @@ impl WorkerStats {
             protocol_errors: g(&self.protocol_errors),
             rdma_errors: g(&self.rdma_errors),
             pool_stalls: g(&self.pool_stalls),
+            store_full: g(&self.store_full),
             timeouts: g(&self.timeouts),
             sessions: g(&self.sessions),
             opens: g(&self.opens),
@@ -300,6 +315,8 @@ pub struct WorkerStatsSnapshot {
     pub rdma_errors: u64,
     /// Pool stalls.
     pub pool_stalls: u64,
+    /// Requests refused with STATUS_DISK_FULL.
+    pub store_full: u64,
     /// Timer terminations.
     pub timeouts: u64,
     /// SMB2 sessions.
@@ -323,6 +340,7 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.protocol_errors += o.protocol_errors;
         self.rdma_errors += o.rdma_errors;
         self.pool_stalls += o.pool_stalls;
+        self.store_full += o.store_full;
         self.timeouts += o.timeouts;
         self.sessions += o.sessions;
         self.opens += o.opens;

@@ -417,6 +417,14 @@ impl UpperIo<'_> {
         self.events.push_back(ev);
     }
 
+    /// Adds to the worker's counters: `pool_stalls` (work that waited for
+    /// a pool buffer, e.g. an RDMA data buffer) and `store_full` (requests
+    /// refused with STATUS_DISK_FULL).
+    pub fn add_counts(&mut self, pool_stalls: u64, store_full: u64) {
+        WorkerStats::add(&self.stats.pool_stalls, pool_stalls);
+        WorkerStats::add(&self.stats.store_full, store_full);
+    }
+
     /// Publishes the upper layer's gauges (`stats`: sessions, opens,
     /// requests waiting in QoS queues).
     pub fn set_gauges(&mut self, sessions: u64, opens: u64, qos_queued: u64) {

@@ -72,6 +72,19 @@ struct Slot<Q: QueuePair> {
     held: Vec<(u64, Delivery)>,
     /// Tokens woken by the upper layer, oldest first.
     wakes: VecDeque<u64>,
+    /// The endpoint's receive shortfalls already added to `pool_stalls`.
+    shortfalls_seen: u64,
+}
+
+impl<Q: QueuePair> Slot<Q> {
+    /// Receives the endpoint could not post for want of a buffer since the
+    /// last call (they count as pool stalls).
+    fn new_shortfalls(&mut self) -> u64 {
+        let now = self.ep.stats().receive_shortfalls;
+        let d = now - self.shortfalls_seen;
+        self.shortfalls_seen = now;
+        d
+    }
 }
 
 /// The worker's state; [`Worker::run`] is its thread body.
@@ -386,8 +399,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         if receive_posted {
             ep.assume_posted_receives(1);
         } else if !ep.post_negotiate_receive(&mut self.alloc) {
-            // 3.1.7.2: "terminate the connection if it fails".
-            WorkerStats::add(&self.stats.pool_stalls, 1);
+            // 3.1.7.2: "terminate the connection if it fails" (counted as a
+            // pool stall: the endpoint's receive shortfall).
             ep.close(&mut self.alloc);
             closing = Some(CloseReason::Protocol(TerminateReason::NoReceiveCredits));
         }
@@ -405,6 +418,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             next_timer,
             held: Vec::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
             wakes: VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
+            shortfalls_seen: 0,
         });
         self.by_qp.insert(qp_id, i);
         self.by_conn.insert(conn, i);
@@ -642,6 +656,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 if stalls > 0 {
                     WorkerStats::add(&self.stats.credit_stalls, stalls);
                 }
+                let short = slot.new_shortfalls();
+                if short > 0 {
+                    WorkerStats::add(&self.stats.pool_stalls, short);
+                }
                 slot.next_timer = slot.ep.connection().poll_timeout();
                 if !slot.reported_established && slot.ep.connection().is_established() {
                     slot.reported_established = true;
@@ -710,7 +728,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         if slot.ep.outstanding() > 0 {
             return; // wait for the flushed completions
         }
-        let slot = self.slots[i].take().expect("slot present");
+        let mut slot = self.slots[i].take().expect("slot present");
+        WorkerStats::add(&self.stats.pool_stalls, slot.new_shortfalls());
         self.by_qp.remove(&slot.ep.qp().id());
         self.by_conn.remove(&slot.conn);
         let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation())
@@ -774,7 +793,7 @@ fn settle<Q: crate::provider::QueuePair>(
                 rdma.abort(alloc, completing);
             }
             if bp == Backpressure::TooLarge {
-                *closing = Some(CloseReason::Capacity);
+                *closing = Some(CloseReason::ReplyTooLarge);
             } else {
                 WorkerStats::add(&stats.pool_stalls, 1);
             }
@@ -787,6 +806,6 @@ fn close_reason(e: EndpointError) -> CloseReason {
     match e {
         EndpointError::Terminated(r) => CloseReason::Protocol(r),
         EndpointError::Provider(s) => CloseReason::Provider(s),
-        EndpointError::PoolExhausted => CloseReason::Capacity,
+        EndpointError::PoolExhausted => CloseReason::PoolExhausted,
     }
 }

@@ -525,3 +525,202 @@ fn try_now_admits_within_limits_only_when_nothing_waits() {
         "128 of a 128-I/O burst are spent"
     );
 }
+
+/// A reference limiter: two independent [`TokenBucket`]s, each refilled
+/// only when it is looked at (what `FlowLimiter` was before its buckets
+/// shared one refill instant and 64-bit credit).
+#[derive(Debug, Clone, Copy)]
+struct TwoBuckets {
+    iops: TokenBucket,
+    kbps: TokenBucket,
+}
+
+impl TwoBuckets {
+    fn new(now: Instant, r: FlowRates) -> Self {
+        let bw = DEFAULT_BURST_WINDOW;
+        TwoBuckets {
+            iops: TokenBucket::new(now, r.max_iops, burst_for(r.max_iops, bw)),
+            kbps: TokenBucket::new(now, r.max_kbps, burst_for(r.max_kbps, bw)),
+        }
+    }
+    fn try_take(&mut self, now: Instant, bytes: u64) -> Result<(), Instant> {
+        let (ios, kb) = (io_cost(bytes, 8192), kb_cost(bytes));
+        match (self.iops.check(now, ios), self.kbps.check(now, kb)) {
+            (Ok(()), Ok(())) => {
+                self.iops.try_take(now, ios).unwrap();
+                self.kbps.try_take(now, kb).unwrap();
+                Ok(())
+            }
+            (Err(x), Err(y)) => Err(x.max(y)),
+            (Err(x), Ok(())) | (Ok(()), Err(x)) => Err(x),
+        }
+    }
+    fn set_rates(&mut self, now: Instant, r: FlowRates) {
+        let bw = DEFAULT_BURST_WINDOW;
+        self.iops
+            .set_limits(now, r.max_iops, burst_for(r.max_iops, bw));
+        self.kbps
+            .set_limits(now, r.max_kbps, burst_for(r.max_kbps, bw));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// The flow limiter (the scheduler's per-flow hot record) decides
+    /// exactly as two separate buckets do, including the instant a refused
+    /// I/O would pass, across rate changes and unlimited buckets.
+    #[test]
+    fn flow_limiter_matches_two_separate_buckets(
+        rates in proptest::collection::vec((0u64..20_000, 0u64..200_000), 1..4),
+        steps in proptest::collection::vec((0u64..3_000_000, 0u64..(2 << 20), 0u8..16), 1..300),
+    ) {
+        let r = |i: usize| FlowRates {
+            max_iops: rates[i % rates.len()].0,
+            min_iops: 0,
+            max_kbps: rates[i % rates.len()].1,
+        };
+        let mut l = FlowLimiter::new(Instant::ZERO, r(0));
+        let mut two = TwoBuckets::new(Instant::ZERO, r(0));
+        let mut now = 0u64;
+        for (k, (dt, bytes, op)) in steps.into_iter().enumerate() {
+            now += dt;
+            if op == 0 {
+                l.set_rates(at(now), r(k));
+                two.set_rates(at(now), r(k));
+            } else {
+                prop_assert_eq!(l.try_take(at(now), bytes), two.try_take(at(now), bytes));
+            }
+        }
+    }
+}
+
+#[test]
+fn bursts_and_charges_beyond_max_burst_neither_overflow_nor_admit_more() {
+    // A rate whose 20 ms burst exceeds MAX_BURST keeps MAX_BURST.
+    let mut b = TokenBucket::new(Instant::ZERO, u64::MAX, u64::MAX);
+    assert_eq!(b.burst(), MAX_BURST);
+    assert_eq!(b.try_take(Instant::ZERO, u64::MAX), Ok(()));
+    // Charged MAX_BURST units: empty, then refilled after hours of idle
+    // time without overflow, capped at the burst.
+    assert_eq!(b.available(Instant::ZERO), 0);
+    assert_eq!(b.available(at(u64::MAX)), MAX_BURST);
+    let mut small = TokenBucket::new(Instant::ZERO, 1, 1);
+    assert_eq!(small.try_take(Instant::ZERO, u64::MAX), Ok(()));
+    // In debt of MAX_BURST - 1 units at 1 unit/s: back to 1 unit after
+    // MAX_BURST seconds.
+    assert_eq!(small.try_take(Instant::ZERO, 1), Err(at(MAX_BURST * SEC)));
+    let mut l = FlowLimiter::new(
+        Instant::ZERO,
+        FlowRates {
+            max_iops: u64::MAX,
+            min_iops: 0,
+            max_kbps: u64::MAX,
+        },
+    );
+    assert_eq!(l.try_take(Instant::ZERO, u64::MAX), Ok(()));
+    assert!(l.try_take(Instant::ZERO, 1).is_err());
+    assert_eq!(l.try_take(at(SEC), 1), Ok(()));
+}
+
+fn window_cfg(max_flows: usize) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_flows,
+            max_queued: 64,
+            ..SchedulerConfig::default()
+        },
+        Instant::ZERO,
+    )
+}
+
+const WINDOW: u64 = 100_000_000;
+
+#[test]
+fn window_close_reports_only_flows_with_io_and_idle_flows_read_as_zero() {
+    let mut s = window_cfg(1000);
+    let slots: Vec<FlowSlot> = (0..1000)
+        .map(|_| s.open_flow(Instant::ZERO, limit(1_000_000)).unwrap())
+        .collect();
+    let (a, b, quiet) = (slots[10], slots[500], slots[999]);
+    // Window 1: a and b do I/O (b through the queue too).
+    assert!(s.try_now(at(1), a, 8192));
+    assert!(s.try_now(at(2), b, 16384));
+    s.enqueue(b, 7, 8192).unwrap();
+    assert_eq!(s.next_ready(at(3)), Some((b, 7)));
+    // Window 2 (closed at 100 ms): only a does I/O.
+    s.tick(at(WINDOW));
+    let listed: Vec<FlowSlot> = s.closed_window_slots().collect();
+    assert_eq!(listed, [a, b]);
+    let wa = s.last_window(a).unwrap();
+    assert_eq!((wa.offered_ios, wa.served_ios, wa.served_kb), (1, 1, 8));
+    assert_eq!(wa.length.as_nanos(), WINDOW);
+    let wb = s.last_window(b).unwrap();
+    assert_eq!((wb.offered_ios, wb.served_ios, wb.served_kb), (3, 3, 24));
+    assert!(s.try_now(at(WINDOW + 5), a, 8192));
+    // Closing window 2: b is listed once more, with its all-zero report.
+    s.tick(at(2 * WINDOW + 1));
+    let listed: Vec<FlowSlot> = s.closed_window_slots().collect();
+    assert_eq!(listed, [a, b]);
+    let zero = |w: WindowReport, len: u64| {
+        w.offered_ios == 0
+            && w.served_ios == 0
+            && w.served_kb == 0
+            && w.backlog_ios == 0
+            && w.reservation_met
+            && w.length.as_nanos() == len
+    };
+    let wb = s.last_window(b).unwrap();
+    assert!(zero(wb, WINDOW + 1), "{wb:?}");
+    assert_eq!(s.last_window(a).unwrap().served_ios, 1);
+    // Window 3: nothing at all. Only a (busy in window 2) is listed; b
+    // and the flow that never did I/O read as idle windows all the same.
+    s.tick(at(3 * WINDOW + 1));
+    let listed: Vec<FlowSlot> = s.closed_window_slots().collect();
+    assert_eq!(listed, [a]);
+    for f in [a, b, quiet] {
+        let w = s.last_window(f).unwrap();
+        assert!(zero(w, WINDOW), "{f:?} {w:?}");
+    }
+    s.tick(at(4 * WINDOW + 1));
+    assert_eq!(s.closed_window_slots().count(), 0);
+}
+
+#[test]
+fn queued_flow_stays_accounted_across_windows_and_reopened_slot_starts_clean() {
+    let mut s = window_cfg(4);
+    let q = s.open_flow(Instant::ZERO, limit(10)).unwrap();
+    // A burst of 1 at 10 IOPS: the first I/O passes, the second waits
+    // 100 ms, past the end of the window.
+    assert!(s.try_now(at(0), q, 8192));
+    s.enqueue(q, 1, 8192).unwrap();
+    assert_eq!(s.next_ready(at(1)), None);
+    s.tick(at(WINDOW));
+    let w = s.last_window(q).unwrap();
+    assert_eq!((w.offered_ios, w.served_ios, w.backlog_ios), (2, 1, 0));
+    s.tick(at(2 * WINDOW));
+    // Still queued at the start of window 2: listed, backlog 1.
+    assert_eq!(s.closed_window_slots().collect::<Vec<_>>(), [q]);
+    assert_eq!(s.last_window(q).unwrap().backlog_ios, 1);
+    assert_eq!(s.next_ready(at(2 * WINDOW + 1)), Some((q, 1)));
+    // A slot closed and reopened within a window reports the new flow
+    // only.
+    let r = s
+        .open_flow(at(2 * WINDOW + 2), FlowRates::UNLIMITED)
+        .unwrap();
+    assert!(s.try_now(at(2 * WINDOW + 3), r, 1 << 20));
+    assert!(s.close_flow(r));
+    let r2 = s
+        .open_flow(at(2 * WINDOW + 4), FlowRates::UNLIMITED)
+        .unwrap();
+    assert_eq!(r2, r);
+    assert_eq!(s.last_window(r2).unwrap().length.as_nanos(), 0);
+    assert!(s.try_now(at(2 * WINDOW + 5), r2, 8192));
+    s.tick(at(3 * WINDOW + 2));
+    assert_eq!(s.last_window(r2).unwrap().served_ios, 1);
+    assert_eq!(
+        s.closed_window_slots().filter(|&x| x == r2).count(),
+        1,
+        "listed once"
+    );
+}

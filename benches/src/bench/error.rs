@@ -1,6 +1,5 @@
 //! Why a benchmark could not run, and the exit status that says so.
 
-use super::options::WorkloadKind;
 use std::fmt;
 
 /// Why `bench` failed.
@@ -8,13 +7,6 @@ use std::fmt;
 pub enum BenchError {
     /// The command line asks for something impossible (exit status 2).
     Usage(String),
-    /// The workload exists on the command line but not yet in the tool.
-    NotImplemented {
-        /// Which.
-        workload: WorkloadKind,
-        /// What it waits for.
-        needs: &'static str,
-    },
     /// Setting up or running failed (exit status 1).
     Failed {
         /// What was being done.
@@ -37,7 +29,7 @@ impl BenchError {
     pub fn exit_code(&self) -> u8 {
         match self {
             BenchError::Usage(_) => 2,
-            BenchError::NotImplemented { .. } | BenchError::Failed { .. } => 1,
+            BenchError::Failed { .. } => 1,
         }
     }
 }
@@ -46,11 +38,6 @@ impl fmt::Display for BenchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BenchError::Usage(s) => f.write_str(s),
-            BenchError::NotImplemented { workload, needs } => write!(
-                f,
-                "workload {} is not implemented yet (it needs {needs}); implemented: send, raw-send, pingpong",
-                workload.name()
-            ),
             BenchError::Failed { during, detail } => write!(f, "{during}: {detail}"),
         }
     }

@@ -10,18 +10,21 @@
 //! * [`options`]: the command line ([`BenchArgs`]) and its checked form
 //!   ([`BenchOptions`]);
 //! * [`workload`]: the [`Workload`] / [`Session`] traits every `--workload`
-//!   implements (the extension point for `read`, `write`, `mixed`, `qos`);
+//!   implements;
 //! * [`runner`]: pinned client threads, queue depth, warm-up, duration or
 //!   iterations, fixed rate with coordinated-omission correction;
 //! * the workloads: [`send`] (SMB Direct echo round trips), [`raw_send`]
 //!   (the same over the bare provider: the baseline), [`pingpong`] (two
-//!   threads bouncing a cache line: the hardware floor);
+//!   threads bouncing a cache line: the hardware floor), [`smb2`] (`read`,
+//!   `write`, `mixed`, `qos`: SMB2 I/O through the SMB2 client library),
+//!   [`memcpy`] (a copy of the same size: the bulk baseline);
 //! * the outputs: [`report`] (table, JSON), [`hgrm`] (HdrHistogram
 //!   percentile distribution), [`plot`] (SVG), [`progress`] (the live line);
 //! * [`pattern`]: `--verify`'s per-operation payload.
 
 pub mod error;
 pub mod hgrm;
+pub mod memcpy;
 pub mod options;
 pub mod pattern;
 pub mod pingpong;
@@ -31,6 +34,7 @@ pub mod raw_send;
 pub mod report;
 pub mod runner;
 pub mod send;
+pub mod smb2;
 pub mod workload;
 
 pub use error::BenchError;
@@ -70,20 +74,6 @@ impl Retained {
     }
 }
 
-/// What the not-yet-implemented workloads wait for; `None` for the
-/// implemented ones.
-fn missing_piece(w: WorkloadKind) -> Option<&'static str> {
-    match w {
-        WorkloadKind::Send | WorkloadKind::RawSend | WorkloadKind::Pingpong => None,
-        WorkloadKind::Read | WorkloadKind::Write | WorkloadKind::Mixed => {
-            Some("the SMB2 client, dataplane/src/smb2/client.rs, and a loopback server with --upper smb2")
-        }
-        WorkloadKind::Qos => Some(
-            "the SMB2 client with [MS-SQOS] FSCTL_STORAGE_QOS_CONTROL, and Storage QoS enforcement in the server",
-        ),
-    }
-}
-
 fn plan(opts: &BenchOptions) -> runner::Plan {
     runner::Plan {
         warmup: opts.warmup,
@@ -98,6 +88,7 @@ fn plan(opts: &BenchOptions) -> runner::Plan {
 
 fn report(opts: &BenchOptions, provider: &'static str, m: runner::Measurement) -> Report {
     Report {
+        smb2: None,
         workload: opts.workload.name(),
         size: if opts.workload == WorkloadKind::Pingpong {
             8
@@ -133,11 +124,10 @@ fn progress(opts: &BenchOptions) -> Progress {
 
 /// Runs the benchmark `opts` describes.
 pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
-    if let Some(needs) = missing_piece(opts.workload) {
-        return Err(BenchError::NotImplemented {
-            workload: opts.workload,
-            needs,
-        });
+    if opts.workload == WorkloadKind::Memcpy {
+        let w = memcpy::MemcpyWorkload::new(opts.size, opts.queue_depth, opts.verify);
+        let m = runner::run(&w, &plan(opts), &mut progress(opts))?;
+        return Ok(report(opts, "none", m));
     }
     if opts.workload == WorkloadKind::Pingpong {
         let w = pingpong::PingPongWorkload::new(opts.server_cores.clone());
@@ -220,17 +210,43 @@ fn run_on<P: Provider>(
             echoed?;
             m
         }
-        // The extension point: each new workload gets its arm here (which
-        // loopback server it needs, then `runner::run` of its `Workload`).
-        WorkloadKind::Read
-        | WorkloadKind::Write
-        | WorkloadKind::Mixed
-        | WorkloadKind::Qos
-        | WorkloadKind::Pingpong => {
-            return Err(BenchError::NotImplemented {
-                workload: opts.workload,
-                needs: missing_piece(opts.workload).unwrap_or("its Workload implementation"),
-            })
+        WorkloadKind::Read | WorkloadKind::Write | WorkloadKind::Mixed | WorkloadKind::Qos => {
+            let (addr, server) = match opts.target {
+                Target::Loopback(listen) => {
+                    let s = smb2::start_smb2_server(provider.clone(), opts, listen)?;
+                    (s.local_addr(), Some(s))
+                }
+                Target::Connect(addr) => (addr, None),
+            };
+            let r = smb2::Smb2Workload::new(provider.clone(), addr, opts, retained).and_then(|w| {
+                let m = runner::run(&w, &plan, &mut progress)?;
+                Ok((w.channel(), w.flow_reports(), m))
+            });
+            if let Some(s) = server {
+                s.shutdown();
+            }
+            let (channel, flows, m) = r?;
+            let mut rep = report(opts, name, m);
+            rep.smb2 = Some(report::Smb2Report {
+                channel,
+                file_size: opts.smb2.file_size,
+                read_pct: match opts.workload {
+                    WorkloadKind::Read => 100,
+                    WorkloadKind::Write => 0,
+                    _ => opts.smb2.read_pct,
+                },
+                flows: (opts.workload == WorkloadKind::Qos).then_some(flows),
+            });
+            return Ok(rep);
+        }
+        WorkloadKind::Pingpong | WorkloadKind::Memcpy => {
+            return Err(BenchError::failed(
+                "running",
+                format!(
+                    "--workload {} runs without a provider",
+                    opts.workload.name()
+                ),
+            ))
         }
     };
     Ok(report(opts, name, m))
@@ -290,13 +306,6 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Ok(o) => o,
         Err(e) => return fail(&e, e.exit_code()),
     };
-    if let Some(needs) = missing_piece(opts.workload) {
-        let e = BenchError::NotImplemented {
-            workload: opts.workload,
-            needs,
-        };
-        return fail(&e, e.exit_code());
-    }
     // The loopback server's connection-closing lines are noise here.
     smbdirect_controlplane::log::set_level(smbdirect_controlplane::log::Level::Warn);
     let outputs = match Outputs::create(&opts) {

@@ -1,6 +1,6 @@
 //! The `bench` command line ([`BenchArgs`], clap) and what it means once
-//! checked ([`BenchOptions`]). Every flag of the issue is here, including
-//! those only the SMB2 workloads (`read`, `write`, `mixed`, `qos`) will read.
+//! checked ([`BenchOptions`]), including the flags only the SMB2 workloads
+//! (`read`, `write`, `mixed`, `qos`) read.
 
 use super::error::BenchError;
 use clap::{Args, ValueEnum};
@@ -32,21 +32,24 @@ pub enum WorkloadKind {
     /// The same round trip over the bare provider, without SMB Direct (the
     /// baseline; --loopback only: the echo peer is a thread of this process).
     RawSend,
-    /// SMB2 READ of --size through an RDMA channel (or --inline); not
-    /// implemented yet.
+    /// SMB2 READ of --size through an RDMA channel (or --inline) against
+    /// an `--upper smb2` server, on a file of --file-size.
     Read,
-    /// SMB2 WRITE of --size through an RDMA channel (or --inline); not
-    /// implemented yet.
+    /// SMB2 WRITE of --size through an RDMA channel (or --inline).
     Write,
-    /// READ and WRITE mixed by --read-pct; not implemented yet.
+    /// READ and WRITE mixed by --read-pct.
     Mixed,
-    /// Storage QoS ([MS-SQOS]) flows: --flows, --limit, --reservation,
-    /// --bandwidth-limit, --policy-id, --ignore-limit; not implemented yet.
+    /// Storage QoS ([MS-SQOS]) flows doing the I/O of `mixed`: --flows,
+    /// --limit, --reservation, --bandwidth-limit, --policy-id,
+    /// --ignore-limit.
     Qos,
     /// Two pinned threads bouncing one cache line (client core / server
     /// core): the hardware floor `raw-send` is compared with (--loopback
     /// only, queue depth 1).
     Pingpong,
+    /// A copy of --size bytes between two buffers of the client thread: the
+    /// same-run baseline of read/write (--loopback only).
+    Memcpy,
 }
 
 impl WorkloadKind {
@@ -60,7 +63,16 @@ impl WorkloadKind {
             WorkloadKind::Mixed => "mixed",
             WorkloadKind::Qos => "qos",
             WorkloadKind::Pingpong => "pingpong",
+            WorkloadKind::Memcpy => "memcpy",
         }
+    }
+
+    /// Whether it speaks SMB2 (the `--upper smb2` server's workloads).
+    pub fn is_smb2(self) -> bool {
+        matches!(
+            self,
+            WorkloadKind::Read | WorkloadKind::Write | WorkloadKind::Mixed | WorkloadKind::Qos
+        )
     }
 }
 
@@ -142,9 +154,10 @@ pub struct BenchArgs {
     /// qos: the policy's minimum (reservation), in normalized IOPS.
     #[arg(long)]
     pub reservation: Option<u64>,
-    /// qos: the policy's bandwidth limit in bytes per second (100M, 1G ...).
-    #[arg(long)]
-    pub bandwidth_limit: Option<String>,
+    /// qos: the policy's BandwidthLimit in KB/s (1 KB = 1024 bytes, as
+    /// [MS-SQOS] 2.2.2.2 counts it).
+    #[arg(long, value_name = "KBPS")]
+    pub bandwidth_limit: Option<u64>,
     /// qos: the policy's GUID.
     #[arg(long)]
     pub policy_id: Option<String>,
@@ -152,8 +165,9 @@ pub struct BenchArgs {
     /// enforced).
     #[arg(long)]
     pub ignore_limit: bool,
-    /// read/write/mixed/qos: size of the file the I/O goes to.
-    #[arg(long, default_value = "1G")]
+    /// read/write/mixed/qos: size of the file the I/O goes to (created and
+    /// filled at set-up; with --loopback the server's memory store holds it).
+    #[arg(long, default_value = "64M")]
     pub file_size: String,
     /// Check every byte moved (off by default for speed); any mismatch is an
     /// error and the exit status 1.
@@ -192,8 +206,7 @@ pub enum Target {
     Connect(SocketAddr),
 }
 
-/// Parameters only the SMB2 workloads use; parsed and range-checked now so
-/// that scripts written against the full flag set keep working.
+/// Parameters only the SMB2 workloads use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Smb2Options {
     /// `--inline`.
@@ -206,7 +219,7 @@ pub struct Smb2Options {
     pub limit: Option<u64>,
     /// `--reservation`.
     pub reservation: Option<u64>,
-    /// `--bandwidth-limit`, bytes per second.
+    /// `--bandwidth-limit`, KB/s.
     pub bandwidth_limit: Option<u64>,
     /// `--policy-id`.
     pub policy_id: Option<String>,
@@ -287,7 +300,12 @@ impl BenchOptions {
             _ => return usage("give exactly one of --connect ADDR:PORT and --loopback".into()),
         };
         let loopback = matches!(target, Target::Loopback(_));
-        if !loopback && matches!(a.workload, WorkloadKind::RawSend | WorkloadKind::Pingpong) {
+        if !loopback
+            && matches!(
+                a.workload,
+                WorkloadKind::RawSend | WorkloadKind::Pingpong | WorkloadKind::Memcpy
+            )
+        {
             return usage(format!(
                 "--workload {} runs against a peer in this process: use --loopback (a running serve speaks SMB Direct only)",
                 a.workload.name()
@@ -359,13 +377,20 @@ impl BenchOptions {
         if a.flows == Some(0) {
             return usage("--flows must be at least 1".into());
         }
-        let bandwidth_limit = match &a.bandwidth_limit {
-            Some(s) => Some(
-                parse_size(s).map_err(|e| BenchError::Usage(format!("--bandwidth-limit: {e}")))?
-                    as u64,
-            ),
-            None => None,
-        };
+        let bandwidth_limit = a.bandwidth_limit;
+        if let (WorkloadKind::Qos, Some(f)) = (a.workload, a.flows) {
+            if (f as usize) < a.connections {
+                return usage(format!(
+                    "--flows {f} is fewer than --connections {}: every connection needs a flow",
+                    a.connections
+                ));
+            }
+        }
+        if let Some(g) = &a.policy_id {
+            if g.parse::<smbdirect_protocol::sqos::Guid>().is_err() {
+                return usage(format!("--policy-id {g}: not a GUID"));
+            }
+        }
         let file_size = parse_size(&a.file_size)
             .map_err(|e| BenchError::Usage(format!("--file-size: {e}")))?
             as u64;
@@ -488,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn later_workloads_flags_parse_now() {
+    fn smb2_workloads_flags_parse() {
         let o = parse(&[
             "--loopback",
             "--workload",
@@ -500,7 +525,7 @@ mod tests {
             "--reservation",
             "100",
             "--bandwidth-limit",
-            "100M",
+            "102400",
             "--policy-id",
             "01234567-89ab-cdef-0123-456789abcdef",
             "--ignore-limit",
@@ -512,7 +537,7 @@ mod tests {
         ])
         .expect("valid");
         assert_eq!(o.smb2.flows, Some(4));
-        assert_eq!(o.smb2.bandwidth_limit, Some(100 << 20));
+        assert_eq!(o.smb2.bandwidth_limit, Some(100 << 10));
         assert_eq!(o.smb2.file_size, 64 << 20);
         assert!(o.smb2.inline && o.smb2.ignore_limit);
     }

@@ -2,6 +2,7 @@
 //! fields, listed in README.md, "Benchmarks"; written by hand, no serde).
 
 use super::runner::Measurement;
+use super::smb2::FlowReport;
 use std::fmt::Write as _;
 
 /// One run's result.
@@ -33,6 +34,21 @@ pub struct Report {
     pub client_cores: Vec<Option<usize>>,
     /// What was measured.
     pub m: Measurement,
+    /// The SMB2 workloads' parameters and QoS flows.
+    pub smb2: Option<Smb2Report>,
+}
+
+/// What the SMB2 workloads add to a report.
+#[derive(Debug)]
+pub struct Smb2Report {
+    /// `inline` or `rdma_v1_invalidate`.
+    pub channel: &'static str,
+    /// `--file-size`.
+    pub file_size: u64,
+    /// Percentage of READs.
+    pub read_pct: u8,
+    /// `qos`: every flow.
+    pub flows: Option<Vec<FlowReport>>,
 }
 
 /// The latency summary, microseconds.
@@ -215,6 +231,15 @@ impl Report {
             self.m.errors,
             if self.verify { "on" } else { "off" }
         );
+        if let Some(flows) = self.smb2.as_ref().and_then(|x| x.flows.as_ref()) {
+            for f in flows {
+                let _ = write!(
+                    s,
+                    "\nflow {}: limit {} IOPS, achieved {:.0} IOPS ({:.0} KB/s), status {}",
+                    f.flow_id, f.limit_iops, f.achieved_iops, f.achieved_kbps, f.status
+                );
+            }
+        }
         s
     }
 
@@ -262,6 +287,27 @@ impl Report {
         field("pinned", self.m.pinned.to_string());
         field("server_cores", cores_json(&self.server_cores));
         field("client_cores", cores_json(&self.client_cores));
+        if let Some(x) = &self.smb2 {
+            field("channel", string(x.channel));
+            field("file_size", x.file_size.to_string());
+            field("read_pct", x.read_pct.to_string());
+            if let Some(flows) = &x.flows {
+                let v: Vec<String> = flows
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{{\"flow_id\": {}, \"limit_iops\": {}, \"achieved_iops\": {}, \"achieved_kbps\": {}, \"status\": {}}}",
+                            string(&f.flow_id),
+                            f.limit_iops,
+                            num(f.achieved_iops),
+                            num(f.achieved_kbps),
+                            string(&f.status)
+                        )
+                    })
+                    .collect();
+                field("flows", format!("[{}]", v.join(", ")));
+            }
+        }
         // The last field has no trailing comma.
         if s.ends_with(",\n") {
             s.truncate(s.len() - 2);
@@ -305,6 +351,7 @@ mod tests {
                 pinned: true,
                 threads: 1,
             },
+            smb2: None,
         }
     }
 

@@ -313,6 +313,9 @@ fn client_thread<W: Workload>(
         std::thread::sleep(Duration::from_micros(200));
     }
     let t0 = *gate.t0.get().expect("t0 is set before go");
+    for c in conns.iter_mut() {
+        c.session.begin(t0 + plan.warmup);
+    }
     let r = drive(&mut conns, &mut hist, plan, t0, gate, counters);
     counters.drained.store(true, Ordering::Relaxed);
     let credit_stalls = conns.iter().map(|c| c.session.credit_stalls()).sum();

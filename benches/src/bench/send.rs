@@ -35,22 +35,23 @@ pub fn loopback_smbd() -> SmbdConfig {
     }
 }
 
-/// Pool memory the loopback server needs for `opts`, per worker slice of a
+/// Pool memory the loopback server needs for `opts` with messages (or
+/// RDMA staging buffers) of `size` bytes, per worker slice of a
 /// [`PoolConfig::smbdirect`] pool: every receive credit of every connection
 /// in the receive class (25 % of the budget), the send queue in the send
 /// class (10 %), and for messages above MaxReceiveSize two buffers per
 /// outstanding message (the reassembled request and the echo) in the class
 /// that holds them (64 KiB at 10 %, or the 1 MiB RDMA class at 55 %).
-fn server_pool_mem(opts: &BenchOptions) -> usize {
+pub(crate) fn server_pool_mem(opts: &BenchOptions, size: usize) -> usize {
     let workers = opts.server_cores.len().max(1);
     let conns = opts.connections.div_ceil(workers);
     let smbd = loopback_smbd();
     let receives = conns * (smbd.receive_credit_max as usize + 16) * 8192 * 100 / 25;
     let sends = conns * (smbd.send_credit_target as usize + 64) * 1408 * 100 / 10;
     let in_flight = conns * (2 * opts.queue_depth as usize + 4);
-    let messages = if opts.size <= smbd.max_receive_size as usize {
+    let messages = if size <= smbd.max_receive_size as usize {
         0
-    } else if opts.size <= 64 << 10 {
+    } else if size <= 64 << 10 {
         in_flight * (64 << 10) * 100 / 10
     } else {
         in_flight * (1 << 20) * 100 / 55
@@ -58,21 +59,21 @@ fn server_pool_mem(opts: &BenchOptions) -> usize {
     workers * receives.max(sends).max(messages).max(64 << 20)
 }
 
-/// Starts the `--loopback` server: control plane and one pinned worker per
-/// `--server-cores` entry, echo upper layer, listening on `listen`.
-pub fn start_echo_server<P: Provider>(
-    provider: Arc<P>,
+/// The `--loopback` server's configuration: control plane and one pinned
+/// worker per `--server-cores` entry, listening on `listen`.
+pub(crate) fn loopback_server_config(
     opts: &BenchOptions,
     listen: SocketAddr,
-) -> Result<RunningServer, BenchError> {
-    let cfg = ServerConfig {
+    pool_mem: usize,
+) -> ServerConfig {
+    ServerConfig {
         listen,
         worker_cores: opts.server_cores.clone(),
         cp_core: None,
         smbd: loopback_smbd(),
         queue_depth: opts.queue_depth,
         max_connections: opts.connections,
-        pool_mem: server_pool_mem(opts),
+        pool_mem,
         idle_park: Duration::from_millis(100),
         admin_socket: None,
         stats_interval: None,
@@ -81,7 +82,16 @@ pub fn start_echo_server<P: Provider>(
         policies: Default::default(),
         store_description: String::new(),
         qos_max_flows: None,
-    };
+    }
+}
+
+/// Starts the `--loopback` server with the echo upper layer.
+pub fn start_echo_server<P: Provider>(
+    provider: Arc<P>,
+    opts: &BenchOptions,
+    listen: SocketAddr,
+) -> Result<RunningServer, BenchError> {
+    let cfg = loopback_server_config(opts, listen, server_pool_mem(opts, opts.size));
     start(provider, cfg, || Echo)
         .map_err(|e| BenchError::failed("starting the loopback server (upper echo)", e))
 }
@@ -119,7 +129,7 @@ impl<'a, P: Provider> SendWorkload<'a, P> {
 /// A client pool for one connection: every receive credit, every send the
 /// queue pair can hold, and one message buffer per outstanding message in
 /// the class its size falls in (send, receive, or a class of `size`).
-fn client_pool(cfg: &SmbdConfig, size: usize, qd: u32) -> PoolConfig {
+pub(crate) fn client_pool(cfg: &SmbdConfig, size: usize, qd: u32) -> PoolConfig {
     let caps = client_caps(cfg);
     let qd = qd + 4;
     let recv_size = cfg.max_receive_size as usize;

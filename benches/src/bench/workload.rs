@@ -8,16 +8,14 @@
 //! provider's queue pair and completion queue and busy-poll them without
 //! locks.
 //!
-//! Adding a workload (`read`, `write`, `mixed`, `qos` next, over the SMB2
-//! client of `smbdirect_dataplane::smb2::client`):
+//! Adding a workload (as `read`, `write`, `mixed`, `qos` were, over the
+//! SMB2 client of `smbdirect_dataplane::smb2::client`):
 //! 1. a type implementing [`Workload`] (its set-up: connect, negotiate,
 //!    session and tree connect, open the file) whose [`Session`] starts one
 //!    SMB2 request per [`Session::start`] and reports its response in
 //!    [`Session::poll`], never allocating in either;
 //! 2. its arm in `super::run_on` (which server the `--loopback` target
-//!    starts, and the workload value handed to [`super::runner::run`]),
-//!    replacing the [`super::error::BenchError::NotImplemented`] it returns
-//!    today.
+//!    starts, and the workload value handed to [`super::runner::run`]).
 
 use super::error::BenchError;
 
@@ -48,6 +46,13 @@ pub trait Session {
     /// ended, the peer answered something the workload cannot use) ends the
     /// run.
     fn poll(&mut self, done: &mut dyn FnMut(Outcome)) -> Result<bool, BenchError>;
+
+    /// Called once before the first operation: operations started at or
+    /// after `measure_start` are the measured ones (for sessions that keep
+    /// their own per-operation figures, like the `qos` flows).
+    fn begin(&mut self, measure_start: std::time::Instant) {
+        let _ = measure_start;
+    }
 
     /// Times the session had to wait for send credits ([MS-SMBD] 3.1.5.1).
     fn credit_stalls(&self) -> u64 {

@@ -52,8 +52,9 @@
 //! 3.1.4.3) and sends them as SMB_DIRECT_BUFFER_DESCRIPTOR_V1s with
 //! SMB2_CHANNEL_RDMA_V1, or SMB2_CHANNEL_RDMA_V1_INVALIDATE (SMB 3.0.2 and
 //! later) when `invalidate` is set. When the response arrives every grant
-//! is revoked ([MS-SMBD] 3.1.4.4), except the first when the response's
-//! Send with Invalidate invalidated its token; a response that invalidated
+//! is revoked ([MS-SMBD] 3.1.4.4); the first, when the response's Send with
+//! Invalidate invalidated its token, is only handed back to the provider
+//! (its memory window is reusable after that); a response that invalidated
 //! any other token fails the request with
 //! [`ProtocolError::InvalidatedToken`]. A buffer whose revoke fails is
 //! never lent or freed again.
@@ -464,6 +465,10 @@ pub struct ClientStats {
     pub revokes: u64,
     /// Grants the server invalidated with Send with Invalidate.
     pub invalidated: u64,
+    /// Grants handed back to the provider: every revoked grant, and every
+    /// grant the server invalidated, which still holds a memory window
+    /// until it is deregistered ([MS-SMBD] 3.1.4.4).
+    pub released: u64,
 }
 
 // ---------------------------------------------------------------------------
@@ -1457,7 +1462,7 @@ impl<P: Provider> Smb2Client<P> {
                 .and_then(|s| s.grants.first().copied());
             // [MS-SMBD] 3.1.4.2: the server invalidated the first token
             // with its response; any other token is a protocol error.
-            let skip_first = match (token, first) {
+            let first_invalidated = match (token, first) {
                 (Some(t), Some(g)) if t == g.rkey => {
                     self.st.stats.invalidated += 1;
                     true
@@ -1474,7 +1479,7 @@ impl<P: Provider> Smb2Client<P> {
                 }
                 _ => false,
             };
-            let ok = self.release_grants(idx, skip_first);
+            let ok = self.release_grants(idx, first_invalidated);
             if let Some(s) = self.st.bufs.get_mut(idx) {
                 s.busy = false;
                 s.poisoned |= !ok;
@@ -1801,7 +1806,10 @@ impl<P: Provider> Smb2Client<P> {
         }
     }
 
-    fn revoke_raw(&mut self, rkey: u32) -> Result<(), Smb2Error> {
+    /// Revokes grant `rkey` (`remotely_invalidated`: the server's Send
+    /// with Invalidate already did, and this only gives its memory window
+    /// back to the provider).
+    fn revoke_raw(&mut self, rkey: u32, remotely_invalidated: bool) -> Result<(), Smb2Error> {
         if self.st.dead.is_some() {
             // A broken connection reaches no memory; the revoke only frees
             // the provider's slot and its outcome does not matter.
@@ -1822,7 +1830,10 @@ impl<P: Provider> Smb2Client<P> {
                 .revoke(LOCAL_WR_ID, rkey, true)
             {
                 Ok(()) => {
-                    self.st.stats.revokes += 1;
+                    if !remotely_invalidated {
+                        self.st.stats.revokes += 1;
+                    }
+                    self.st.stats.released += 1;
                     self.st.local_wrs += 1;
                     return Ok(());
                 }
@@ -1853,16 +1864,21 @@ impl<P: Provider> Smb2Client<P> {
         Ok(())
     }
 
-    /// Revokes the grants of buffer slot `idx` (all but the first when
-    /// `skip_first`); false if a revoke failed.
-    fn release_grants(&mut self, idx: usize, skip_first: bool) -> bool {
+    /// Revokes the grants of buffer slot `idx`; false if a revoke failed.
+    /// With `first_invalidated` the server's Send with Invalidate already
+    /// revoked the first, which is still deregistered: [MS-SMBD] 3.1.4.4
+    /// has the upper layer deregister every buffer it registered, and on
+    /// verbs the invalidated memory window stays allocated to the grant
+    /// until then (skipping it used up a queue pair's 64 windows after 64
+    /// invalidating requests).
+    fn release_grants(&mut self, idx: usize, first_invalidated: bool) -> bool {
         let Some(s) = self.st.bufs.get_mut(idx) else {
             return true;
         };
         let mut grants = std::mem::take(&mut s.grants);
         let mut ok = true;
-        for g in grants.iter().skip(usize::from(skip_first)) {
-            ok &= self.revoke_raw(g.rkey).is_ok();
+        for (i, g) in grants.iter().enumerate() {
+            ok &= self.revoke_raw(g.rkey, first_invalidated && i == 0).is_ok();
         }
         grants.clear();
         if let Some(s) = self.st.bufs.get_mut(idx) {

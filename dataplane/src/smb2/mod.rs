@@ -42,6 +42,7 @@ pub mod memstore;
 pub mod store;
 
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
+use crate::ratelog::{suppressed_note, RateLimited};
 use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo, UpperLayer};
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::auth;
@@ -468,7 +469,6 @@ struct Core {
     server_guid: Guid,
     salt_seed: u64,
     now: PInstant,
-    clock: std::time::Instant,
     qos: WorkerQos,
     /// Held messages by token.
     execs: HashMap<u64, Exec>,
@@ -481,8 +481,15 @@ struct Core {
     sessions: u64,
     opens: u64,
     gauges_dirty: bool,
-    full_logged_at: u64,
-    warned_at: [u64; 3],
+    /// "All QoS flow slots in use", at most once a second.
+    flows_full_log: RateLimited,
+    /// Peer-misbehaviour warnings, at most once a second per [`Warn`] kind.
+    warn_log: [RateLimited; 3],
+    /// Counted since the last poll, published to the worker's counters
+    /// there: requests that waited for an RDMA data buffer, requests
+    /// refused with STATUS_DISK_FULL.
+    pool_stalls: u64,
+    store_full: u64,
 }
 
 /// Kinds of peer misbehaviour logged at most once a second each.
@@ -520,7 +527,6 @@ impl Smb2Server {
         let mut g = [0u8; 16];
         g[..8].copy_from_slice(&seed.to_le_bytes());
         g[8..].copy_from_slice(b"smbdrct\0");
-        let clock = std::time::Instant::now();
         let sc = SchedulerConfig {
             max_flows: cfg.qos_max_flows.max(1),
             max_queued: cfg.qos_max_queued.max(1),
@@ -544,7 +550,6 @@ impl Smb2Server {
                 server_guid: Guid::from_bytes(g),
                 salt_seed: seed | 1,
                 now: PInstant::ZERO,
-                clock,
                 execs: HashMap::with_capacity(1024),
                 posts: HashMap::with_capacity(256),
                 wakes: VecDeque::with_capacity(1024),
@@ -553,8 +558,10 @@ impl Smb2Server {
                 sessions: 0,
                 opens: 0,
                 gauges_dirty: false,
-                full_logged_at: u64::MAX,
-                warned_at: [u64::MAX; 3],
+                flows_full_log: RateLimited::new(std::time::Duration::from_secs(1)),
+                warn_log: [RateLimited::new(std::time::Duration::from_secs(1)); 3],
+                pool_stalls: 0,
+                store_full: 0,
             },
             conns: HashMap::new(),
             scratch: vec![0u8; SCRATCH_LEN],
@@ -840,9 +847,10 @@ impl Core {
                         hold = true;
                         break;
                     }
-                    Err(RdmaError::Backpressure(_)) => {
+                    Err(RdmaError::Backpressure(b)) => {
                         // Retry from a wake (the request's MessageIds are
                         // consumed: it must not run from scratch).
+                        self.pool_stalls += u64::from(b == Backpressure::PoolExhausted);
                         ex.ready = true;
                         self.wakes.push_back((ex.conn, ex.token));
                         hold = true;
@@ -877,7 +885,8 @@ impl Core {
         if let Some(p) = fast {
             match self.stage(&p, out) {
                 Ok(()) => ex.advance(),
-                Err(RdmaError::Backpressure(_)) => {
+                Err(RdmaError::Backpressure(b)) => {
+                    self.pool_stalls += u64::from(b == Backpressure::PoolExhausted);
                     ex.ready = true;
                     self.wakes.push_back((ex.conn, ex.token));
                     hold = true;
@@ -1041,6 +1050,9 @@ impl Core {
         ) {
             Ok(step) => step,
             Err(st) => {
+                if st == STATUS_DISK_FULL {
+                    self.store_full += 1;
+                }
                 push(
                     w,
                     &resp_header(&req, st, grant, ex.chain.session, ex.chain.tree),
@@ -1157,12 +1169,11 @@ impl Core {
                 None => {
                     // Every flow slot of this worker is taken: the Open's
                     // I/O is not enforced (logged at most once a second).
-                    let t = self.clock.elapsed().as_secs();
-                    if t != self.full_logged_at {
-                        self.full_logged_at = t;
+                    if let Some(n) = self.flows_full_log.hit(std::time::Instant::now()) {
                         eprintln!(
-                            "smbdirectd: WARN storage QoS: all {} flow slots of this worker are in use; new flows are not enforced (raise the limit)",
-                            self.cfg.qos_max_flows
+                            "smbdirectd: warn: storage QoS: all {} flow slots of this worker are in use; new flows are not enforced (raise the limit){}",
+                            self.cfg.qos_max_flows,
+                            suppressed_note(n)
                         );
                     }
                     None
@@ -1549,6 +1560,10 @@ impl Core {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
                 let (handle, flow) = (o.handle, o.flow);
+                if let Some(s) = flow {
+                    // Its hot record arrives while the request is checked.
+                    crate::hint::prefetch(self.qos.sched.flow_addr(s));
+                }
                 if !charge_ok(req, r.length) {
                     return Err(STATUS_INVALID_PARAMETER);
                 }
@@ -1624,6 +1639,10 @@ impl Core {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
                 let (handle, flow) = (o.handle, o.flow);
+                if let Some(s) = flow {
+                    // Its hot record arrives while the request is checked.
+                    crate::hint::prefetch(self.qos.sched.flow_addr(s));
+                }
                 match r.channel {
                     Channel::None => {
                         let len = r.data.len() as u32;
@@ -1992,14 +2011,11 @@ impl Core {
         Ok(Step::Done)
     }
 
-    /// A warning on stderr, at most one a second per worker (a peer cannot
-    /// flood the log).
+    /// A warning on stderr, at most one a second per kind and worker (a
+    /// peer cannot flood the log), saying how many were not printed.
     fn warn_once(&mut self, kind: Warn, msg: core::fmt::Arguments<'_>) {
-        let t = self.clock.elapsed().as_secs();
-        let last = &mut self.warned_at[kind as usize];
-        if t != *last {
-            *last = t;
-            eprintln!("smbdirectd: warn: {msg}");
+        if let Some(n) = self.warn_log[kind as usize].hit(std::time::Instant::now()) {
+            eprintln!("smbdirectd: warn: {msg}{}", suppressed_note(n));
         }
     }
 
@@ -2038,8 +2054,15 @@ impl Core {
             }
             Poll::Ready(r) => r,
         };
-        reply_write_result(&h, r, ctx, conn_ref, out)
+        reply_write_result(&h, r, ctx, conn_ref, out)?;
+        self.store_full += u64::from(is_disk_full(&r));
+        Ok(())
     }
+}
+
+/// Whether a store result is a full store (answered STATUS_DISK_FULL).
+fn is_disk_full(r: &Result<u32, store::StoreError>) -> bool {
+    matches!(r, Err(e) if e.status() == STATUS_DISK_FULL)
 }
 
 /// Answers a WRITE whose data came by RDMA with the store's result.
@@ -2153,6 +2176,7 @@ impl UpperLayer for Smb2Server {
                 core.posts.insert(token, p);
                 return Err(b);
             }
+            core.store_full += u64::from(is_disk_full(&r));
             return Ok(());
         }
         let Some(mut ex) = core.execs.remove(&token) else {
@@ -2332,10 +2356,12 @@ impl UpperLayer for Smb2Server {
         q.sched.tick(now);
         if q.sched.window_start() != q.window {
             q.window = q.sched.window_start();
-            for (&flow, &(slot, _)) in &q.by_flow {
+            // Only flows with I/O in the window or the one before: the
+            // others' reports are all zeros, as already reported.
+            for slot in q.sched.closed_window_slots() {
                 if let Some(report) = q.sched.last_window(slot) {
                     core.events.push_back(UpperEvent::QosWindow {
-                        flow,
+                        flow: q.slot_flow[slot.index()],
                         report,
                         saturated: q.saturated,
                     });
@@ -2350,6 +2376,12 @@ impl UpperLayer for Smb2Server {
         while let Some(ev) = core.events.pop_front() {
             io.to_control(ev);
             any = true;
+        }
+        if core.pool_stalls + core.store_full > 0 {
+            io.add_counts(
+                std::mem::take(&mut core.pool_stalls),
+                std::mem::take(&mut core.store_full),
+            );
         }
         if core.gauges_dirty {
             core.gauges_dirty = false;

@@ -180,6 +180,12 @@ pub struct SoftConfig {
     pub grants_per_qp: u32,
     /// Registered regions (a power of two, 1..=1024).
     pub max_regions: u32,
+    /// Reuse a grant slot the peer invalidated with Send with Invalidate
+    /// even though its owner never revoked it (true by default). `false`
+    /// models verbs memory windows, which stay taken until the owner
+    /// deregisters them as [MS-SMBD] 3.1.4.4 asks, also after a remote
+    /// invalidation: for testing that an upper layer releases every grant.
+    pub reclaim_invalidated: bool,
 }
 
 impl Default for SoftConfig {
@@ -188,6 +194,7 @@ impl Default for SoftConfig {
             grant_slots: 1 << 16,
             grants_per_qp: 256,
             max_regions: 64,
+            reclaim_invalidated: true,
         }
     }
 }
@@ -345,6 +352,7 @@ impl SoftProvider {
             grant_slots,
             grants_per_qp,
             max_regions,
+            reclaim_invalidated: _,
         } = config;
         if !grant_slots.is_power_of_two() || !(256..=1 << 20).contains(&grant_slots) {
             return Err(ProviderError::Other(format!(
@@ -515,6 +523,7 @@ mod tests {
             grant_slots: 256,
             grants_per_qp: 64,
             max_regions: 4,
+            reclaim_invalidated: true,
         })
         .unwrap();
         let i = &p.inner;

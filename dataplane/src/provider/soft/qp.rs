@@ -376,6 +376,9 @@ impl SoftQp {
         if let Some(i) = self.free_grants.pop_front() {
             return Some(i);
         }
+        if !self.ep.provider.config.reclaim_invalidated {
+            return None;
+        }
         let t = &self.ep.provider.grants;
         for i in self.ep.grant_base..self.ep.grant_base + self.ep.grant_count {
             if t.is_dead(i) {

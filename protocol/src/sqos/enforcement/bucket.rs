@@ -3,12 +3,26 @@
 //! Credit is kept in *nano-units* (units × 10⁹) so that refilling for `dt`
 //! nanoseconds at `rate` units per second adds exactly `dt × rate`
 //! nano-units: no rounding, no drift, no floating point.
+//!
+//! Credit is a 64-bit integer (a bucket fits in 32 bytes, a flow's two
+//! limit buckets with their shared refill instant in 48, see
+//! [`FlowLimiter`]), so bursts are bounded: a burst, and a single charge,
+//! count at most [`MAX_BURST`] (2³² − 1) units. That is 4.29 × 10⁹
+//! normalized I/Os (32 TiB at BaseIoSize 8192) or KB per burst window;
+//! limits whose burst would exceed it (above ~2 × 10¹¹ units per second
+//! with the 20 ms window) are enforced with that burst, and an I/O costing
+//! more is charged [`MAX_BURST`] units: neither is reachable by a real
+//! worker.
 
 use crate::sqos::client::KILOBYTE;
 use crate::sqos::{normalized_io_size, DEFAULT_BASE_IO_SIZE};
 use crate::time::{Duration, Instant};
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
+const NANOS: i64 = 1_000_000_000;
+
+/// Largest burst, and largest single charge, of a bucket in units.
+pub const MAX_BURST: u64 = u32::MAX as u64;
 
 /// Burst window a [`FlowLimiter`] derives its bucket sizes from: a bucket
 /// holds at most `rate × DEFAULT_BURST_WINDOW` units (at least one).
@@ -18,6 +32,50 @@ pub const DEFAULT_BURST_WINDOW: Duration = Duration::from_millis(20);
 pub fn burst_for(rate: u64, window: Duration) -> u64 {
     let b = rate as u128 * window.as_nanos() as u128 / NANOS_PER_SEC;
     (b.min(u64::MAX as u128) as u64).max(1)
+}
+
+/// A burst in units as stored: at least 1, at most [`MAX_BURST`].
+#[inline]
+fn clamp_burst(burst: u64) -> u32 {
+    burst.clamp(1, MAX_BURST) as u32
+}
+
+// The credit arithmetic every bucket shares. Invariants: `credit ≤ burst ×
+// 10⁹ ≤ MAX_BURST × 10⁹` and `credit ≥ −MAX_BURST × 10⁹` (a charge is at
+// most MAX_BURST units and is taken only from a non-negative credit, or
+// saturates at 0), so `cap − credit < 2 × MAX_BURST × 10⁹ < 2⁶³`: nothing
+// below overflows.
+
+/// Adds `dt × rate` nano-units, capped at the burst.
+#[inline(always)]
+fn refill_credit(credit: &mut i64, rate: u64, burst: u32, dt: u64) {
+    let cap = burst as i64 * NANOS;
+    let headroom = (cap - *credit) as u64;
+    *credit += dt.saturating_mul(rate).min(headroom) as i64;
+}
+
+/// Nano-units missing for a take of `cost` (0: the take is allowed): the
+/// credit must cover `min(cost, burst)`.
+#[inline(always)]
+fn shortfall(credit: i64, burst: u32, cost: u64) -> u64 {
+    let need = cost.min(burst as u64) as i64 * NANOS;
+    if credit >= need {
+        0
+    } else {
+        (need - credit) as u64
+    }
+}
+
+/// The instant `missing` nano-units have been earned at `rate` from `last`.
+#[inline]
+fn ready_at(last: Instant, missing: u64, rate: u64) -> Instant {
+    last + Duration::from_nanos(missing.div_ceil(rate.max(1)))
+}
+
+/// `cost` units in nano-units, the charge capped at [`MAX_BURST`] units.
+#[inline(always)]
+fn nano_charge(cost: u64) -> i64 {
+    cost.min(MAX_BURST) as i64 * NANOS
 }
 
 /// A token bucket: `rate` units per second, holding at most `burst` units.
@@ -32,10 +90,10 @@ pub fn burst_for(rate: u64, window: Duration) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
     rate: u64,
-    burst: u64,
     /// Nano-units; ≤ burst × 10⁹; negative after an oversized take.
-    credit: i128,
+    credit: i64,
     last: Instant,
+    burst: u32,
 }
 
 impl TokenBucket {
@@ -44,26 +102,21 @@ impl TokenBucket {
         TokenBucket {
             rate: 0,
             burst: 1,
-            credit: NANOS_PER_SEC as i128,
+            credit: NANOS,
             last: now,
         }
     }
 
     /// A bucket of `rate` units/s (0 = unlimited) and `burst` units (at
-    /// least 1), starting full.
+    /// least 1, at most [`MAX_BURST`]), starting full.
     pub fn new(now: Instant, rate: u64, burst: u64) -> Self {
-        let burst = burst.max(1);
+        let burst = clamp_burst(burst);
         TokenBucket {
             rate,
             burst,
-            credit: Self::nano(burst),
+            credit: burst as i64 * NANOS,
             last: now,
         }
-    }
-
-    #[inline(always)]
-    fn nano(units: u64) -> i128 {
-        units as i128 * NANOS_PER_SEC as i128
     }
 
     /// Units per second; 0 = unlimited.
@@ -73,7 +126,7 @@ impl TokenBucket {
 
     /// Largest credit, in units.
     pub fn burst(&self) -> u64 {
-        self.burst
+        self.burst as u64
     }
 
     /// True when the rate is 0.
@@ -84,7 +137,7 @@ impl TokenBucket {
     /// Whole units of credit at `now` (0 when in debt).
     pub fn available(&mut self, now: Instant) -> u64 {
         self.refill(now);
-        (self.credit.max(0) as u128 / NANOS_PER_SEC) as u64
+        (self.credit.max(0) / NANOS) as u64
     }
 
     /// Adds the credit earned since the last call, capped at the burst.
@@ -93,26 +146,16 @@ impl TokenBucket {
     fn refill(&mut self, now: Instant) {
         let dt = now.as_nanos().saturating_sub(self.last.as_nanos());
         self.last = self.last.max(now);
-        let cap = Self::nano(self.burst);
-        // credit ≤ cap, so the headroom is non-negative (and may exceed the
-        // burst while in debt); u64 × u64 fits in u128, and the min with the
-        // headroom fits back in i128.
-        let headroom = (cap - self.credit) as u128;
-        self.credit += (dt as u128 * self.rate as u128).min(headroom) as i128;
+        refill_credit(&mut self.credit, self.rate, self.burst, dt);
     }
 
     /// Credit check after a refill: `Err(when)` is the instant the take
     /// would succeed if nothing else is taken meanwhile.
     #[inline(always)]
     fn check_refilled(&self, cost: u64) -> Result<(), Instant> {
-        let need = Self::nano(cost.min(self.burst));
-        if self.credit >= need {
-            Ok(())
-        } else {
-            let missing = (need - self.credit) as u128;
-            let rate = self.rate.max(1) as u128;
-            let wait = missing.div_ceil(rate).min(u64::MAX as u128) as u64;
-            Err(self.last + Duration::from_nanos(wait))
+        match shortfall(self.credit, self.burst, cost) {
+            0 => Ok(()),
+            missing => Err(ready_at(self.last, missing, self.rate)),
         }
     }
 
@@ -126,15 +169,6 @@ impl TokenBucket {
         self.check_refilled(cost)
     }
 
-    /// Charges `cost` after a successful [`TokenBucket::check`] at the same
-    /// instant.
-    #[inline(always)]
-    fn charge(&mut self, cost: u64) {
-        if self.rate != 0 {
-            self.credit -= Self::nano(cost);
-        }
-    }
-
     /// Takes `cost` units if the credit allows (see the type's admission
     /// rule), else returns when it will.
     #[inline]
@@ -144,7 +178,7 @@ impl TokenBucket {
         }
         self.refill(now);
         self.check_refilled(cost)?;
-        self.credit -= Self::nano(cost);
+        self.credit -= nano_charge(cost);
         Ok(())
     }
 
@@ -157,7 +191,7 @@ impl TokenBucket {
             return true;
         }
         self.refill(now);
-        let need = Self::nano(cost);
+        let need = nano_charge(cost);
         let covered = self.credit >= need;
         self.credit = (self.credit - need).max(0);
         covered
@@ -177,8 +211,126 @@ impl TokenBucket {
     pub fn set_limits(&mut self, now: Instant, rate: u64, burst: u64) {
         self.refill(now);
         self.rate = rate;
-        self.burst = burst.max(1);
-        self.credit = self.credit.min(Self::nano(self.burst));
+        self.burst = clamp_burst(burst);
+        self.credit = self.credit.min(self.burst as i64 * NANOS);
+    }
+}
+
+/// A flow's two maximum-rate buckets (normalized IOPS and KB/s) with one
+/// shared refill instant, in 48 bytes: what a per-I/O admission reads and
+/// writes (the scheduler keeps it in the flow's 64-byte hot record).
+///
+/// Equivalent to two [`TokenBucket`]s always refilled at the same instants:
+/// a refill is path-independent (refilling at `t1` then `t2` gives the
+/// credit a single refill at `t2` gives, both being capped at the burst),
+/// and refilling an unlimited bucket changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    last: Instant,
+    iops_rate: u64,
+    iops_credit: i64,
+    kbps_rate: u64,
+    kbps_credit: i64,
+    iops_burst: u32,
+    kbps_burst: u32,
+}
+
+impl Limits {
+    /// Full buckets for `rates` with bursts from `burst_window`.
+    pub(crate) fn new(now: Instant, rates: FlowRates, burst_window: Duration) -> Self {
+        let ib = clamp_burst(burst_for(rates.max_iops, burst_window));
+        let kb = clamp_burst(burst_for(rates.max_kbps, burst_window));
+        Limits {
+            last: now,
+            iops_rate: rates.max_iops,
+            iops_credit: ib as i64 * NANOS,
+            kbps_rate: rates.max_kbps,
+            kbps_credit: kb as i64 * NANOS,
+            iops_burst: ib,
+            kbps_burst: kb,
+        }
+    }
+
+    #[inline(always)]
+    fn refill(&mut self, now: Instant) {
+        let dt = now.as_nanos().saturating_sub(self.last.as_nanos());
+        self.last = self.last.max(now);
+        refill_credit(&mut self.iops_credit, self.iops_rate, self.iops_burst, dt);
+        refill_credit(&mut self.kbps_credit, self.kbps_rate, self.kbps_burst, dt);
+    }
+
+    /// Admits an I/O costing `ios` normalized I/Os and `kb` KB at `now`,
+    /// charging both buckets, or returns the instant it would be admitted.
+    #[inline(always)]
+    pub(crate) fn try_take(&mut self, now: Instant, ios: u64, kb: u64) -> Result<(), Instant> {
+        if self.iops_rate == 0 && self.kbps_rate == 0 {
+            return Ok(());
+        }
+        self.refill(now);
+        let a = if self.iops_rate == 0 {
+            0
+        } else {
+            shortfall(self.iops_credit, self.iops_burst, ios)
+        };
+        let b = if self.kbps_rate == 0 {
+            0
+        } else {
+            shortfall(self.kbps_credit, self.kbps_burst, kb)
+        };
+        if a == 0 && b == 0 {
+            if self.iops_rate != 0 {
+                self.iops_credit -= nano_charge(ios);
+            }
+            if self.kbps_rate != 0 {
+                self.kbps_credit -= nano_charge(kb);
+            }
+            return Ok(());
+        }
+        Err(self.blocked_until(a, b))
+    }
+
+    #[cold]
+    fn blocked_until(&self, a: u64, b: u64) -> Instant {
+        let at =
+            |missing: u64, rate: u64| (missing > 0).then(|| ready_at(self.last, missing, rate));
+        match (at(a, self.iops_rate), at(b, self.kbps_rate)) {
+            (Some(x), Some(y)) => x.max(y),
+            (Some(x), None) | (None, Some(x)) => x,
+            (None, None) => self.last,
+        }
+    }
+
+    /// New rates from `now` on, bursts from `burst_window` (credit earned
+    /// until `now` settled at the old rates, then clamped to the new
+    /// bursts: no burst on a change).
+    pub(crate) fn set_rates(&mut self, now: Instant, rates: FlowRates, burst_window: Duration) {
+        self.refill(now);
+        self.iops_rate = rates.max_iops;
+        self.iops_burst = clamp_burst(burst_for(rates.max_iops, burst_window));
+        self.iops_credit = self.iops_credit.min(self.iops_burst as i64 * NANOS);
+        self.kbps_rate = rates.max_kbps;
+        self.kbps_burst = clamp_burst(burst_for(rates.max_kbps, burst_window));
+        self.kbps_credit = self.kbps_credit.min(self.kbps_burst as i64 * NANOS);
+    }
+
+    /// The normalized-IOPS bucket as a [`TokenBucket`].
+    pub(crate) fn iops_bucket(&self) -> TokenBucket {
+        TokenBucket {
+            rate: self.iops_rate,
+            credit: self.iops_credit,
+            last: self.last,
+            burst: self.iops_burst,
+        }
+    }
+
+    /// The KB/s bucket as a [`TokenBucket`].
+    pub(crate) fn kbps_bucket(&self) -> TokenBucket {
+        TokenBucket {
+            rate: self.kbps_rate,
+            credit: self.kbps_credit,
+            last: self.last,
+            burst: self.kbps_burst,
+        }
     }
 }
 
@@ -221,8 +373,7 @@ pub fn kb_cost(bytes: u64) -> u64 {
 /// charged to both. O(1), no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowLimiter {
-    iops: TokenBucket,
-    kbps: TokenBucket,
+    limits: Limits,
     base_io_size: u32,
     burst_window: Duration,
 }
@@ -248,8 +399,7 @@ impl FlowLimiter {
             base_io_size
         };
         FlowLimiter {
-            iops: TokenBucket::new(now, rates.max_iops, burst_for(rates.max_iops, burst_window)),
-            kbps: TokenBucket::new(now, rates.max_kbps, burst_for(rates.max_kbps, burst_window)),
+            limits: Limits::new(now, rates, burst_window),
             base_io_size,
             burst_window,
         }
@@ -259,44 +409,24 @@ impl FlowLimiter {
     /// the instant it would be admitted.
     #[inline]
     pub fn try_take(&mut self, now: Instant, bytes: u64) -> Result<(), Instant> {
-        let ios = io_cost(bytes, self.base_io_size);
-        let kb = kb_cost(bytes);
-        let a = self.iops.check(now, ios);
-        let b = self.kbps.check(now, kb);
-        match (a, b) {
-            (Ok(()), Ok(())) => {
-                self.iops.charge(ios);
-                self.kbps.charge(kb);
-                Ok(())
-            }
-            (Err(x), Err(y)) => Err(x.max(y)),
-            (Err(x), Ok(())) | (Ok(()), Err(x)) => Err(x),
-        }
+        self.limits
+            .try_take(now, io_cost(bytes, self.base_io_size), kb_cost(bytes))
     }
 
     /// New rates from `now` on (bursts re-derived from the burst window,
     /// credit clamped: no burst on a change).
     pub fn set_rates(&mut self, now: Instant, rates: FlowRates) {
-        self.iops.set_limits(
-            now,
-            rates.max_iops,
-            burst_for(rates.max_iops, self.burst_window),
-        );
-        self.kbps.set_limits(
-            now,
-            rates.max_kbps,
-            burst_for(rates.max_kbps, self.burst_window),
-        );
+        self.limits.set_rates(now, rates, self.burst_window);
     }
 
-    /// The normalized-IOPS bucket.
-    pub fn iops_bucket(&self) -> &TokenBucket {
-        &self.iops
+    /// The normalized-IOPS bucket (a copy).
+    pub fn iops_bucket(&self) -> TokenBucket {
+        self.limits.iops_bucket()
     }
 
-    /// The KB/s bucket.
-    pub fn kbps_bucket(&self) -> &TokenBucket {
-        &self.kbps
+    /// The KB/s bucket (a copy).
+    pub fn kbps_bucket(&self) -> TokenBucket {
+        self.limits.kbps_bucket()
     }
 
     /// BaseIoSize used for the normalized cost.

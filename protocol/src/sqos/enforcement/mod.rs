@@ -19,6 +19,7 @@ mod scheduler;
 pub use allocate::{allocate, split, Allocation, FlowDemand, FlowId, WorkerDemand, WorkerId};
 pub use bucket::{
     burst_for, io_cost, kb_cost, FlowLimiter, FlowRates, TokenBucket, DEFAULT_BURST_WINDOW,
+    MAX_BURST,
 };
 pub use scheduler::{
     FlowSlot, RequestId, Scheduler, SchedulerConfig, SchedulerError, WindowReport,

@@ -7,7 +7,7 @@
 //! request data). The caller dispatches one request per `next_ready` call
 //! when it has device capacity.
 
-use super::bucket::{burst_for, io_cost, kb_cost, FlowLimiter, FlowRates, TokenBucket};
+use super::bucket::{burst_for, io_cost, kb_cost, FlowRates, Limits, TokenBucket};
 use crate::sqos::{FlowStatus, DEFAULT_BASE_IO_SIZE};
 use crate::time::{Duration, Instant};
 
@@ -107,63 +107,111 @@ struct Node {
     next: u32,
 }
 
+/// `Hot::flags`: the slot is open.
+const OPEN: u32 = 1;
+/// `Hot::flags`: the flow has a reservation (its reservation bucket, in the
+/// cold record, is charged on the fast path too).
+const RESERVED: u32 = 2;
+/// `Hot::flags`: the slot is in the list of flows the current window
+/// accounts (`Scheduler::touched`).
+const IN_WINDOW: u32 = 4;
+
+/// What the per-I/O admission of a flow reads and writes, in one cache
+/// line: the two limit buckets, the fast path's window counters, flags.
+/// (A flow with a reservation also charges its reservation bucket, in the
+/// cold record.)
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Hot {
+    limits: Limits,
+    /// Normalized I/Os admitted by [`Scheduler::try_now`] this window
+    /// (offered and served at once), saturating.
+    fast_ios: u32,
+    /// KB admitted by [`Scheduler::try_now`] this window, saturating.
+    fast_kb: u32,
+    flags: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Hot>() == 64);
+
+/// The rest of a flow's state: queue, reservation, window accounting.
 #[derive(Debug, Clone)]
-struct FlowState {
-    open: bool,
-    limiter: FlowLimiter,
+struct Cold {
     reservation: TokenBucket,
-    min_iops: u64,
     head: u32,
     tail: u32,
     len: u32,
+    active_pos: u32,
     queued_ios: u64,
     ready_at: Instant,
-    active_pos: u32,
+    /// Normalized I/Os enqueued this window.
     offered: u64,
     backlog: u64,
     idle_in_window: bool,
+    /// Normalized I/Os and KB dispatched from the queue this window.
     served: u64,
     served_kb: u64,
     last: WindowReport,
+    /// The window `last` closed (`Scheduler::epoch`).
+    last_epoch: u64,
 }
 
 /// The per-worker scheduler.
+///
+/// Per-flow state is split in a 64-byte hot record (everything
+/// [`try_now`](Self::try_now) touches for a flow without a reservation) and
+/// a cold one. Closing an accounting window costs time proportional to the
+/// flows with I/O in that window or the one before (the others' report is
+/// all zeros and is produced on demand), not to the flows open.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    flows: Vec<FlowState>,
+    /// `log2(base_io_size)` when it is a power of two (it always is in
+    /// practice): the normalized cost is a shift, not a division.
+    base_shift: Option<u32>,
+    hot: Vec<Hot>,
+    cold: Vec<Cold>,
     free_flows: Vec<u32>,
     nodes: Vec<Node>,
     free_node: u32,
     active: Vec<u32>,
     cursor: usize,
     window_start: Instant,
+    /// Windows closed so far.
+    epoch: u64,
+    /// Length of the last closed window.
+    last_len: Duration,
+    /// Slots accounted in the current window (flag `IN_WINDOW`).
+    touched: Vec<u32>,
+    /// Slots whose report the last window close produced.
+    closed: Vec<u32>,
 }
 
 impl Scheduler {
     /// A scheduler with every slot allocated up front.
     pub fn new(cfg: SchedulerConfig, now: Instant) -> Self {
         assert!(cfg.max_queued < NIL as usize && cfg.max_flows < NIL as usize);
-        let idle = FlowState {
-            open: false,
-            limiter: FlowLimiter::new(now, FlowRates::UNLIMITED),
+        let hot = Hot {
+            limits: Limits::new(now, FlowRates::UNLIMITED, cfg.burst_window),
+            fast_ios: 0,
+            fast_kb: 0,
+            flags: 0,
+        };
+        let cold = Cold {
             reservation: TokenBucket::unlimited(now),
-            min_iops: 0,
             head: NIL,
             tail: NIL,
             len: 0,
+            active_pos: NIL,
             queued_ios: 0,
             ready_at: Instant::ZERO,
-            active_pos: NIL,
             offered: 0,
             backlog: 0,
             idle_in_window: true,
             served: 0,
             served_kb: 0,
-            last: WindowReport {
-                reservation_met: true,
-                ..WindowReport::default()
-            },
+            last: IDLE_REPORT,
+            last_epoch: 0,
         };
         let nodes = (0..cfg.max_queued)
             .map(|i| Node {
@@ -176,15 +224,35 @@ impl Scheduler {
                 },
             })
             .collect();
+        let base = if cfg.base_io_size == 0 {
+            DEFAULT_BASE_IO_SIZE
+        } else {
+            cfg.base_io_size
+        };
         Scheduler {
             cfg,
-            flows: vec![idle; cfg.max_flows],
+            base_shift: base.is_power_of_two().then(|| base.trailing_zeros()),
+            hot: vec![hot; cfg.max_flows],
+            cold: vec![cold; cfg.max_flows],
             free_flows: (0..cfg.max_flows as u32).rev().collect(),
             nodes,
             free_node: if cfg.max_queued > 0 { 0 } else { NIL },
             active: Vec::with_capacity(cfg.max_flows),
             cursor: 0,
             window_start: now,
+            epoch: 0,
+            last_len: Duration::ZERO,
+            touched: Vec::with_capacity(cfg.max_flows),
+            closed: Vec::with_capacity(cfg.max_flows),
+        }
+    }
+
+    /// Normalized cost of `bytes` (see [`io_cost`]).
+    #[inline(always)]
+    fn cost(&self, bytes: u64) -> u64 {
+        match self.base_shift {
+            Some(s) => ((bytes >> s) + (bytes & ((1u64 << s) - 1) != 0) as u64).max(1),
+            None => io_cost(bytes, self.cfg.base_io_size),
         }
     }
 
@@ -192,33 +260,35 @@ impl Scheduler {
     pub fn open_flow(&mut self, now: Instant, rates: FlowRates) -> Option<FlowSlot> {
         let i = self.free_flows.pop()?;
         let cfg = self.cfg;
-        let f = &mut self.flows[i as usize];
-        f.open = true;
-        f.limiter = FlowLimiter::with_params(now, rates, cfg.base_io_size, cfg.burst_window);
-        f.min_iops = rates.min_iops;
-        f.reservation = TokenBucket::new(
+        let h = &mut self.hot[i as usize];
+        h.limits = Limits::new(now, rates, cfg.burst_window);
+        h.fast_ios = 0;
+        h.fast_kb = 0;
+        // A slot closed and reopened within one window may still be listed.
+        h.flags = OPEN | (h.flags & IN_WINDOW) | reserved_flag(rates);
+        let c = &mut self.cold[i as usize];
+        c.reservation = TokenBucket::new(
             now,
             rates.min_iops,
             burst_for(rates.min_iops, cfg.burst_window),
         );
-        f.ready_at = Instant::ZERO;
-        f.offered = 0;
-        f.backlog = 0;
-        f.idle_in_window = true;
-        f.served = 0;
-        f.served_kb = 0;
-        f.last = WindowReport {
-            reservation_met: true,
-            ..WindowReport::default()
-        };
+        c.ready_at = Instant::ZERO;
+        c.offered = 0;
+        c.backlog = 0;
+        c.idle_in_window = true;
+        c.served = 0;
+        c.served_kb = 0;
+        c.last = IDLE_REPORT;
+        c.last_epoch = self.epoch;
         Some(FlowSlot(i))
     }
 
     /// Closes a flow slot; refused (false) while requests are queued.
     pub fn close_flow(&mut self, slot: FlowSlot) -> bool {
-        match self.flows.get_mut(slot.index()) {
-            Some(f) if f.open && f.len == 0 => {
-                f.open = false;
+        let i = slot.index();
+        match (self.hot.get_mut(i), self.cold.get(i)) {
+            (Some(h), Some(c)) if h.flags & OPEN != 0 && c.len == 0 => {
+                h.flags &= !OPEN;
                 self.free_flows.push(slot.0);
                 true
             }
@@ -234,19 +304,31 @@ impl Scheduler {
         rates: FlowRates,
     ) -> Result<(), SchedulerError> {
         let bw = self.cfg.burst_window;
-        let f = self.flow_mut(slot)?;
-        f.limiter.set_rates(now, rates);
-        f.reservation
+        let i = self.open_index(slot)?;
+        let h = &mut self.hot[i];
+        h.limits.set_rates(now, rates, bw);
+        h.flags = (h.flags & !RESERVED) | reserved_flag(rates);
+        let c = &mut self.cold[i];
+        c.reservation
             .set_limits(now, rates.min_iops, burst_for(rates.min_iops, bw));
-        f.min_iops = rates.min_iops;
-        f.ready_at = Instant::ZERO;
+        c.ready_at = Instant::ZERO;
         Ok(())
     }
 
-    fn flow_mut(&mut self, slot: FlowSlot) -> Result<&mut FlowState, SchedulerError> {
-        match self.flows.get_mut(slot.index()) {
-            Some(f) if f.open => Ok(f),
+    fn open_index(&self, slot: FlowSlot) -> Result<usize, SchedulerError> {
+        match self.hot.get(slot.index()) {
+            Some(h) if h.flags & OPEN != 0 => Ok(slot.index()),
             _ => Err(SchedulerError::NoSuchFlow),
+        }
+    }
+
+    /// Lists slot `i` for the current window's accounting.
+    #[inline(always)]
+    fn touch(hot: &mut Hot, touched: &mut Vec<u32>, i: usize) {
+        if hot.flags & IN_WINDOW == 0 {
+            hot.flags |= IN_WINDOW;
+            // Within capacity: a slot is listed at most once.
+            touched.push(i as u32);
         }
     }
 
@@ -257,7 +339,7 @@ impl Scheduler {
         req: RequestId,
         bytes: u64,
     ) -> Result<(), SchedulerError> {
-        self.flow_mut(slot)?;
+        let i = self.open_index(slot)?;
         let n = self.free_node;
         if n == NIL {
             return Err(SchedulerError::QueueFull);
@@ -268,8 +350,9 @@ impl Scheduler {
             bytes,
             next: NIL,
         };
-        let cost = io_cost(bytes, self.cfg.base_io_size);
-        let f = &mut self.flows[slot.index()];
+        let cost = self.cost(bytes);
+        Self::touch(&mut self.hot[i], &mut self.touched, i);
+        let f = &mut self.cold[i];
         if f.tail == NIL {
             f.head = n;
         } else {
@@ -291,25 +374,40 @@ impl Scheduler {
     /// request of any flow is waiting (so no ordering decision is at stake)
     /// and the flow's limits allow `bytes` now, the request is charged and
     /// accounted as offered and served at once (true). Otherwise (false)
-    /// the caller [`enqueue`](Self::enqueue)s it. O(1).
+    /// the caller [`enqueue`](Self::enqueue)s it. O(1); touches the flow's
+    /// hot record only (and its reservation bucket if it has one).
+    #[inline]
     pub fn try_now(&mut self, now: Instant, slot: FlowSlot, bytes: u64) -> bool {
         if !self.active.is_empty() {
             return false;
         }
         self.tick(now);
-        let base = self.cfg.base_io_size;
-        let Ok(f) = self.flow_mut(slot) else {
+        let ios = self.cost(bytes);
+        let kb = kb_cost(bytes);
+        let i = slot.index();
+        let Some(h) = self.hot.get_mut(i) else {
             return false;
         };
-        if f.limiter.try_take(now, bytes).is_err() {
+        if h.flags & OPEN == 0 || h.limits.try_take(now, ios, kb).is_err() {
             return false;
         }
-        let ios = io_cost(bytes, base);
-        f.reservation.take_saturating(now, ios);
-        f.offered += ios;
-        f.served += ios;
-        f.served_kb += kb_cost(bytes);
+        h.fast_ios = h.fast_ios.saturating_add(ios.min(u32::MAX as u64) as u32);
+        h.fast_kb = h.fast_kb.saturating_add(kb.min(u32::MAX as u64) as u32);
+        if h.flags & RESERVED != 0 {
+            self.cold[i].reservation.take_saturating(now, ios);
+        }
+        Self::touch(h, &mut self.touched, i);
         true
+    }
+
+    /// The address of `slot`'s hot record (what [`try_now`](Self::try_now)
+    /// reads), for a prefetch hint issued when the Open is found; null for a
+    /// slot out of range.
+    #[inline]
+    pub fn flow_addr(&self, slot: FlowSlot) -> *const u8 {
+        self.hot
+            .get(slot.index())
+            .map_or(core::ptr::null(), |h| h as *const Hot as *const u8)
     }
 
     /// True when no request is waiting.
@@ -326,58 +424,105 @@ impl Scheduler {
 
     /// Requests queued for `slot`.
     pub fn queued(&self, slot: FlowSlot) -> usize {
-        self.flows.get(slot.index()).map_or(0, |f| f.len as usize)
+        self.cold.get(slot.index()).map_or(0, |f| f.len as usize)
     }
 
     /// Requests queued, all flows.
     pub fn total_queued(&self) -> usize {
         self.active
             .iter()
-            .map(|&i| self.flows[i as usize].len as usize)
+            .map(|&i| self.cold[i as usize].len as usize)
             .sum()
     }
 
     /// Closes the accounting window if it has elapsed at `now`.
+    #[inline]
     pub fn tick(&mut self, now: Instant) {
         let len = now.saturating_since(self.window_start);
-        if len < self.cfg.window {
-            return;
+        if len >= self.cfg.window {
+            self.close_window(now, len);
         }
-        let slack = |f: &FlowState| f.reservation.burst();
-        for f in self.flows.iter_mut().filter(|f| f.open) {
+    }
+
+    /// Closes the window: a report for every flow listed in it; the flows
+    /// whose report is not all zeros (or that still have requests queued)
+    /// stay listed for the next window, so that a flow going idle gets one
+    /// all-zero report and then costs nothing.
+    #[inline(never)]
+    fn close_window(&mut self, now: Instant, len: Duration) {
+        self.epoch += 1;
+        self.last_len = len;
+        let mut closed = core::mem::take(&mut self.closed);
+        closed.clear();
+        core::mem::swap(&mut closed, &mut self.touched);
+        for &i in &closed {
+            let (h, f) = (&mut self.hot[i as usize], &mut self.cold[i as usize]);
+            h.flags &= !IN_WINDOW;
+            if h.flags & OPEN == 0 {
+                continue;
+            }
+            let offered = f.offered + h.fast_ios as u64;
+            let served = f.served + h.fast_ios as u64;
+            let served_kb = f.served_kb + h.fast_kb as u64;
+            let min_iops = f.reservation.rate();
             // A flow that stayed backlogged the whole window wanted more
             // than it got; otherwise it wanted what it offered.
             let wanted = if f.idle_in_window {
-                f.backlog.saturating_add(f.offered)
+                f.backlog.saturating_add(offered)
             } else {
                 u64::MAX
             };
-            let reserved = (f.min_iops as u128 * len.as_nanos() as u128 / 1_000_000_000) as u64;
+            let reserved = (min_iops as u128 * len.as_nanos() as u128 / 1_000_000_000) as u64;
             let required = wanted.min(reserved);
-            let met = f.min_iops == 0 || f.served.saturating_add(slack(f)) >= required;
+            let met = min_iops == 0 || served.saturating_add(f.reservation.burst()) >= required;
             f.last = WindowReport {
                 length: len,
-                offered_ios: f.offered,
+                offered_ios: offered,
                 backlog_ios: f.backlog,
-                served_ios: f.served,
-                served_kb: f.served_kb,
+                served_ios: served,
+                served_kb,
                 reservation_met: met,
             };
+            f.last_epoch = self.epoch;
+            let busy = offered != 0 || served != 0 || f.backlog != 0 || f.len != 0;
+            h.fast_ios = 0;
+            h.fast_kb = 0;
             f.offered = 0;
             f.served = 0;
             f.served_kb = 0;
             f.backlog = f.queued_ios;
             f.idle_in_window = f.len == 0;
+            if busy {
+                Self::touch(h, &mut self.touched, i as usize);
+            }
         }
+        self.closed = closed;
         self.window_start = now;
+    }
+
+    /// The slots whose report the last window close produced: every open
+    /// flow not listed here had an all-zero last window, as it had the
+    /// window before (or it was opened since).
+    pub fn closed_window_slots(&self) -> impl Iterator<Item = FlowSlot> + '_ {
+        self.closed
+            .iter()
+            .filter(|&&i| self.hot[i as usize].flags & OPEN != 0)
+            .map(|&i| FlowSlot(i))
     }
 
     /// The last complete window of `slot`.
     pub fn last_window(&self, slot: FlowSlot) -> Option<WindowReport> {
-        self.flows
-            .get(slot.index())
-            .filter(|f| f.open)
-            .map(|f| f.last)
+        let i = self.open_index(slot).ok()?;
+        let f = &self.cold[i];
+        Some(if f.last_epoch == self.epoch {
+            f.last
+        } else {
+            // Not listed in the last window: nothing happened in it.
+            WindowReport {
+                length: self.last_len,
+                ..IDLE_REPORT
+            }
+        })
     }
 
     /// The Status to report for `slot`: StorageQoSStatusInsufficientThroughput
@@ -399,24 +544,24 @@ impl Scheduler {
         if n == 0 {
             return None;
         }
-        let base = self.cfg.base_io_size;
         // Reservation phase.
         for k in 0..n {
             let idx = (self.cursor + k) % n;
             let fi = self.active[idx] as usize;
-            let f = &mut self.flows[fi];
-            if f.min_iops == 0 || f.ready_at > now {
+            let f = &mut self.cold[fi];
+            if f.reservation.rate() == 0 || f.ready_at > now {
                 continue;
             }
             let bytes = self.nodes[f.head as usize].bytes;
-            let ios = io_cost(bytes, base);
+            let ios = self.cost(bytes);
+            let f = &mut self.cold[fi];
             if f.reservation.check(now, ios).is_err() {
                 continue;
             }
-            match f.limiter.try_take(now, bytes) {
+            match self.hot[fi].limits.try_take(now, ios, kb_cost(bytes)) {
                 Ok(()) => {
                     f.reservation.take_saturating(now, ios);
-                    return Some(self.pop(fi, now));
+                    return Some(self.pop(fi));
                 }
                 Err(t) => f.ready_at = t,
             }
@@ -425,16 +570,18 @@ impl Scheduler {
         for k in 0..n {
             let idx = (self.cursor + k) % n;
             let fi = self.active[idx] as usize;
-            let f = &mut self.flows[fi];
+            let f = &self.cold[fi];
             if f.ready_at > now {
                 continue;
             }
             let bytes = self.nodes[f.head as usize].bytes;
-            match f.limiter.try_take(now, bytes) {
+            let ios = self.cost(bytes);
+            let f = &mut self.cold[fi];
+            match self.hot[fi].limits.try_take(now, ios, kb_cost(bytes)) {
                 Ok(()) => {
-                    f.reservation.take_saturating(now, io_cost(bytes, base));
+                    f.reservation.take_saturating(now, ios);
                     self.cursor = idx + 1;
-                    return Some(self.pop(fi, now));
+                    return Some(self.pop(fi));
                 }
                 Err(t) => f.ready_at = t,
             }
@@ -442,16 +589,16 @@ impl Scheduler {
         None
     }
 
-    fn pop(&mut self, fi: usize, _now: Instant) -> (FlowSlot, RequestId) {
-        let f = &mut self.flows[fi];
-        let n = f.head;
+    fn pop(&mut self, fi: usize) -> (FlowSlot, RequestId) {
+        let n = self.cold[fi].head;
         let node = self.nodes[n as usize];
+        let ios = self.cost(node.bytes);
+        let f = &mut self.cold[fi];
         f.head = node.next;
         if f.head == NIL {
             f.tail = NIL;
         }
         f.len -= 1;
-        let ios = io_cost(node.bytes, self.cfg.base_io_size);
         f.queued_ios -= ios;
         f.served += ios;
         f.served_kb += kb_cost(node.bytes);
@@ -462,7 +609,7 @@ impl Scheduler {
             f.active_pos = NIL;
             self.active.swap_remove(pos);
             if let Some(&moved) = self.active.get(pos) {
-                self.flows[moved as usize].active_pos = pos as u32;
+                self.cold[moved as usize].active_pos = pos as u32;
             }
         }
         self.nodes[n as usize].next = self.free_node;
@@ -480,7 +627,26 @@ impl Scheduler {
     pub fn next_wakeup(&self) -> Option<Instant> {
         self.active
             .iter()
-            .map(|&i| self.flows[i as usize].ready_at)
+            .map(|&i| self.cold[i as usize].ready_at)
             .min()
+    }
+}
+
+/// The report of a window with no I/O (and of a flow before its first
+/// window closes, with length 0).
+const IDLE_REPORT: WindowReport = WindowReport {
+    length: Duration::ZERO,
+    offered_ios: 0,
+    backlog_ios: 0,
+    served_ios: 0,
+    served_kb: 0,
+    reservation_met: true,
+};
+
+fn reserved_flag(rates: FlowRates) -> u32 {
+    if rates.min_iops != 0 {
+        RESERVED
+    } else {
+        0
     }
 }

@@ -377,7 +377,7 @@ impl LogicalFlowTable {
             let Some(policy) = policies.lookup(&flow.policy_id) else {
                 return Some(unavailable(FlowStatus::UnknownPolicyId));
             };
-            mismatch |= policy.maximum_iops > 0 && policy.minimum_iops > policy.maximum_iops;
+            mismatch |= policy.is_mismatched();
             let sharers = match policy.kind {
                 PolicyKind::Dedicated => 1,
                 PolicyKind::Aggregated => self
@@ -389,7 +389,11 @@ impl LogicalFlowTable {
             };
             (
                 policy.maximum_iops.div_ceil(sharers),
-                policy.minimum_iops / sharers,
+                if mismatch {
+                    0
+                } else {
+                    policy.minimum_iops / sharers
+                },
                 policy.maximum_bandwidth.div_ceil(sharers),
             )
         };

@@ -30,6 +30,16 @@ pub struct Policy {
     pub maximum_bandwidth: u64,
 }
 
+impl Policy {
+    /// A minimum above a defined maximum: the policy cannot be applied as
+    /// written, so flows under it report StorageQoSStatusConfigurationMismatch
+    /// ([MS-SQOS] 2.2.2.1), are limited to the maximum and keep no
+    /// reservation (docs/spec-notes.md, "Configuration mismatch").
+    pub fn is_mismatched(&self) -> bool {
+        self.maximum_iops > 0 && self.minimum_iops > self.maximum_iops
+    }
+}
+
 /// Where the server finds the policy a PolicyID names.
 pub trait PolicyLookup {
     /// The policy `policy_id` names, or `None` when it is unknown (the flow

@@ -1,0 +1,129 @@
+//! The per-I/O Storage QoS admission path with many flows (see
+//! `smbdirect_benches::qos_path_bench`).
+//!
+//! ```text
+//! cargo run --release -p smbdirect-benches --bin qos-path-bench -- [--flows N] [--iters N] [--runs N] [--callgrind]
+//! ```
+
+use smbdirect_benches::dispatch_bench::callgrind_per_iter;
+use smbdirect_benches::qos_path_bench::{run, Bed, Variant};
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: qos-path-bench [--flows N] [--iters N] [--runs N] [--callgrind [--callgrind-iters N]]
+       qos-path-bench --only direct|prefetch [--flows N] [--iters N]
+
+Admits 4 KiB I/Os through randomly chosen Opens of N flows on one worker's
+QoS scheduler (fake clock); reports the median ns/op of each variant.
+
+  --flows N            flows (and Opens) in the table (default 100000)
+  --iters N            operations per run (default 5000000)
+  --runs N             runs per variant, at least 1 (default 5)
+  --callgrind          also count instructions/op under valgrind's callgrind
+  --callgrind-iters N  operations under callgrind (default 200000)
+  --only V             run variant V once (after building the table) and
+                       print ns/op (what the callgrind child runs)
+  -h, --help           this text";
+
+struct Args {
+    flows: usize,
+    iters: u64,
+    runs: usize,
+    callgrind: Option<u64>,
+    only: Option<Variant>,
+}
+
+fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+    let mut a = Args {
+        flows: 100_000,
+        iters: 5_000_000,
+        runs: 5,
+        callgrind: None,
+        only: None,
+    };
+    let mut callgrind = false;
+    let mut callgrind_iters = 200_000u64;
+    let args: Vec<String> = args.collect();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .ok_or_else(|| format!("{name} needs a value"))
+                .cloned()
+        };
+        let number = |name: &str, v: String, min: u64| -> Result<u64, String> {
+            v.parse::<u64>()
+                .ok()
+                .filter(|&n| n >= min)
+                .ok_or_else(|| format!("{name} {v}: want an integer >= {min}"))
+        };
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--flows" => a.flows = number("--flows", value("--flows")?, 1)? as usize,
+            "--iters" => a.iters = number("--iters", value("--iters")?, 1)?,
+            "--runs" => a.runs = number("--runs", value("--runs")?, 1)? as usize,
+            "--callgrind" => callgrind = true,
+            "--callgrind-iters" => {
+                callgrind_iters = number("--callgrind-iters", value("--callgrind-iters")?, 1)?
+            }
+            "--only" => {
+                let v = value("--only")?;
+                a.only = Some(
+                    Variant::parse(&v).ok_or_else(|| format!("--only {v}: direct or prefetch"))?,
+                );
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if callgrind {
+        a.callgrind = Some(callgrind_iters);
+    }
+    Ok(Some(a))
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("qos-path-bench: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(v) = args.only {
+        let (ns, refused) = Bed::new(args.flows).run(v, args.iters);
+        println!("{}: {ns:.1} ns/op, {refused} refused", v.name());
+        return ExitCode::SUCCESS;
+    }
+    let mut report = run(args.flows, args.iters, args.runs);
+    if let Some(iters) = args.callgrind {
+        let exe = match std::env::current_exe() {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("qos-path-bench: callgrind skipped: {e}");
+                print!("{report}");
+                return ExitCode::SUCCESS;
+            }
+        };
+        for v in report.variants.iter_mut() {
+            let a = [
+                "--only",
+                v.variant.name(),
+                "--flows",
+                &args.flows.to_string(),
+                "--iters",
+                &iters.to_string(),
+            ]
+            .map(String::from);
+            match callgrind_per_iter(&exe, "*qos_path_bench*hot_loop*", &a, iters) {
+                Ok(i) => v.instructions = Some(i),
+                Err(e) => eprintln!("qos-path-bench: callgrind skipped: {e}"),
+            }
+        }
+    }
+    print!("{report}");
+    ExitCode::SUCCESS
+}
