@@ -191,6 +191,14 @@ impl Side {
             self.conn.credits().recv_posted as u64,
             "{name}: receives on the queue pair differ from Connection.ReceiveCredits"
         );
+        // Every Data Transfer message sent spent one credit the peer
+        // granted ([MS-SMBD] 3.1.5.1): the books balance at every step.
+        let (st, cr) = (self.conn.stats(), self.conn.credits());
+        assert_eq!(
+            st.messages_sent + u64::from(cr.send_credits),
+            st.credits_granted,
+            "{name}: messages sent + send credits held != credits granted"
+        );
     }
 }
 
