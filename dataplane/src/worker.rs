@@ -666,8 +666,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             // A broken queue pair with nothing posted produces no flushed
             // completion to notice it by (e.g. the peer's send met RNR while
-            // we had no receive posted): look at its state.
-            if slot.ep.qp().state() == QpState::Error {
+            // we had no receive posted): look at its state. With work
+            // requests outstanding their completions arrive (with the error
+            // that broke it, or flushed) and say why: not overridden here.
+            if slot.ep.outstanding() == 0 && slot.ep.qp().state() == QpState::Error {
                 slot.closing = Some(CloseReason::Provider(WcStatus::Flushed));
                 slot.dirty = true;
                 continue;
