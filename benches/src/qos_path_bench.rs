@@ -24,6 +24,9 @@
 //!   admitted: what the server does when it prefetches at the Open lookup
 //!   and admits after parsing and validating the request.
 //!
+//! It also times closing an accounting window with no flow, 1,000 flows
+//! and every flow having done I/O in it ([`window_close`]).
+//!
 //! Each variant runs `runs` times; the report gives the median and the
 //! fastest run's ns/op (on a loaded machine other work only adds time). With
 //! `--callgrind` the binary re-runs each variant under valgrind's callgrind,
@@ -254,6 +257,43 @@ pub struct QosPathReport {
     pub iters: u64,
     /// Per variant.
     pub variants: Vec<VariantReport>,
+    /// Window closes, see [`window_close`].
+    pub windows: Vec<WindowClose>,
+}
+
+/// The cost of closing one accounting window.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowClose {
+    /// Flows that did I/O in the window.
+    pub active: usize,
+    /// Median µs of one close (over the closes measured).
+    pub micros: f64,
+}
+
+/// Median µs of closing a 100 ms window in which `active` of the table's
+/// flows did one I/O each (the others open but idle), over `rounds`
+/// windows. The closes in the middle of the rounds' sequence are what a
+/// steady state looks like: each active flow is visited, plus the flows
+/// active in the window before.
+pub fn window_close(bed: &mut Bed, active: usize, rounds: usize) -> f64 {
+    let n = bed.opens.len();
+    let active = active.min(n);
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        for k in 0..active {
+            let o = bed.opens[(k * 7919) % n];
+            bed.now += STEP_NS;
+            if let Some(s) = o.flow {
+                bed.sched.try_now(Instant::from_nanos(bed.now), s, IO_BYTES);
+            }
+        }
+        bed.now += 100_000_000;
+        let t = std::time::Instant::now();
+        bed.sched.tick(Instant::from_nanos(bed.now));
+        times.push(t.elapsed().as_nanos() as f64 / 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 impl fmt::Display for QosPathReport {
@@ -280,6 +320,13 @@ impl fmt::Display for QosPathReport {
                 write!(f, "  ({} refused: rates too low for the run)", v.refused)?;
             }
             writeln!(f)?;
+        }
+        for w in &self.windows {
+            writeln!(
+                f,
+                "  window close, {} of {} flows with I/O: median {:.1} us",
+                w.active, self.flows, w.micros
+            )?;
         }
         Ok(())
     }
@@ -309,10 +356,19 @@ pub fn run(flows: usize, iters: u64, runs: usize) -> QosPathReport {
             r.refused += refused;
         }
     }
+    let windows = [0, 1000, flows]
+        .into_iter()
+        .filter(|&a| a <= flows)
+        .map(|active| WindowClose {
+            active,
+            micros: window_close(&mut bed, active, 9),
+        })
+        .collect();
     QosPathReport {
         flows,
         iters,
         variants: out,
+        windows,
     }
 }
 

@@ -100,6 +100,11 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     loans: Ring<u64>,
     stats: Arc<WorkerStats>,
     slots: Vec<Option<Slot<P::Qp>>>,
+    /// Bit `i` set: `slots[i]` is occupied (what the per-iteration service
+    /// walks, instead of every slot: a slot is ~1 KB, and scanning 256 of
+    /// them each loop iteration was ~40 % of a worker's samples at 4 KiB
+    /// READs).
+    occupied: Vec<u64>,
     by_qp: HashMap<QpId, usize>,
     by_conn: HashMap<ConnId, usize>,
     /// Wakes and events the upper layer produced in its last poll.
@@ -148,6 +153,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let mut slots = Vec::with_capacity(cfg.max_connections);
         slots.resize_with(cfg.max_connections, || None);
         Worker {
+            occupied: vec![0; cfg.max_connections.div_ceil(64)],
             by_qp: HashMap::with_capacity(cfg.max_connections * 2),
             by_conn: HashMap::with_capacity(cfg.max_connections * 2),
             upper_wakes: VecDeque::with_capacity(4096),
@@ -408,6 +414,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         // The 5 s Negotiation Timer runs from arrival ([MS-SMBD] 3.1.7.2),
         // whether or not the peer ever sends anything.
         let next_timer = ep.connection().poll_timeout();
+        self.occupied[i / 64] |= 1 << (i % 64);
         self.slots[i] = Some(Slot {
             conn,
             ep,
@@ -476,7 +483,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     fn service_slots(&mut self) -> bool {
         let now = self.now();
         let mut any = false;
-        for i in 0..self.slots.len() {
+        let mut from = 0;
+        while let Some(i) = next_set_bit(&self.occupied, from) {
+            from = i + 1;
             let Some(slot) = self.slots[i].as_mut() else {
                 continue;
             };
@@ -732,6 +741,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             return; // wait for the flushed completions
         }
         let mut slot = self.slots[i].take().expect("slot present");
+        self.occupied[i / 64] &= !(1 << (i % 64));
         WorkerStats::add(&self.stats.pool_stalls, slot.new_shortfalls());
         self.by_qp.remove(&slot.ep.qp().id());
         self.by_conn.remove(&slot.conn);
@@ -756,6 +766,20 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         for slot in self.slots.iter_mut().flatten() {
             slot.closing.get_or_insert(reason);
         }
+    }
+}
+
+/// The lowest set bit at or after `from` in the bitmap `bits` (bit `i` is
+/// bit `i % 64` of word `i / 64`).
+fn next_set_bit(bits: &[u64], from: usize) -> Option<usize> {
+    let mut w = from / 64;
+    let mut word = bits.get(w)? & (u64::MAX << (from % 64));
+    loop {
+        if word != 0 {
+            return Some(w * 64 + word.trailing_zeros() as usize);
+        }
+        w += 1;
+        word = *bits.get(w)?;
     }
 }
 
@@ -810,5 +834,30 @@ fn close_reason(e: EndpointError) -> CloseReason {
         EndpointError::Terminated(r) => CloseReason::Protocol(r),
         EndpointError::Provider(s) => CloseReason::Provider(s),
         EndpointError::PoolExhausted => CloseReason::PoolExhausted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_set_bit;
+
+    #[test]
+    fn next_set_bit_walks_every_set_bit_in_order() {
+        let mut bits = vec![0u64; 5];
+        let set = [0usize, 1, 63, 64, 130, 255, 256, 319];
+        for &i in &set {
+            bits[i / 64] |= 1 << (i % 64);
+        }
+        let mut seen = Vec::new();
+        let mut from = 0;
+        while let Some(i) = next_set_bit(&bits, from) {
+            seen.push(i);
+            from = i + 1;
+        }
+        assert_eq!(seen, set);
+        assert_eq!(next_set_bit(&bits, 320), None);
+        assert_eq!(next_set_bit(&bits, 1000), None);
+        assert_eq!(next_set_bit(&[], 0), None);
+        assert_eq!(next_set_bit(&bits, 65), Some(130));
     }
 }

@@ -724,3 +724,43 @@ fn queued_flow_stays_accounted_across_windows_and_reopened_slot_starts_clean() {
         "listed once"
     );
 }
+
+#[test]
+fn window_close_with_most_flows_listed_reports_the_same() {
+    // 10 of 16 flows with I/O: the close sweeps the slots in order instead
+    // of walking the list; the reports and the listed slots are the same.
+    let mut s = window_cfg(16);
+    let slots: Vec<FlowSlot> = (0..16)
+        .map(|_| s.open_flow(Instant::ZERO, limit(1_000_000)).unwrap())
+        .collect();
+    let busy: Vec<FlowSlot> = [9, 3, 15, 0, 7, 12, 1, 5, 10, 14]
+        .iter()
+        .map(|&i| slots[i])
+        .collect();
+    for (k, &f) in busy.iter().enumerate() {
+        for _ in 0..=k {
+            assert!(s.try_now(at(k as u64 + 1), f, 4096));
+        }
+    }
+    s.tick(at(WINDOW));
+    let mut want = busy.clone();
+    want.sort();
+    let listed: Vec<FlowSlot> = s.closed_window_slots().collect();
+    assert_eq!(listed, want);
+    for (k, &f) in busy.iter().enumerate() {
+        let w = s.last_window(f).unwrap();
+        assert_eq!(
+            (w.served_ios, w.served_kb),
+            (k as u64 + 1, 4 * (k as u64 + 1))
+        );
+    }
+    // Next window: one flow busy; all ten get their closing report (the
+    // list is still long), then only the busy one stays listed.
+    assert!(s.try_now(at(WINDOW + 1), busy[0], 4096));
+    s.tick(at(2 * WINDOW));
+    assert_eq!(s.closed_window_slots().collect::<Vec<_>>(), want);
+    assert_eq!(s.last_window(busy[0]).unwrap().served_ios, 1);
+    assert_eq!(s.last_window(busy[1]).unwrap().served_ios, 0);
+    s.tick(at(3 * WINDOW));
+    assert_eq!(s.closed_window_slots().collect::<Vec<_>>(), [busy[0]]);
+}

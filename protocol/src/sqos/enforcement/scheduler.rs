@@ -447,24 +447,47 @@ impl Scheduler {
     /// Closes the window: a report for every flow listed in it; the flows
     /// whose report is not all zeros (or that still have requests queued)
     /// stay listed for the next window, so that a flow going idle gets one
-    /// all-zero report and then costs nothing.
+    /// all-zero report and then costs nothing. When many flows are listed
+    /// the slots are swept in order (sequential memory access) rather than
+    /// visited in the order they were listed.
     #[inline(never)]
     fn close_window(&mut self, now: Instant, len: Duration) {
         self.epoch += 1;
         self.last_len = len;
         let mut closed = core::mem::take(&mut self.closed);
         closed.clear();
-        core::mem::swap(&mut closed, &mut self.touched);
-        for &i in &closed {
-            let (h, f) = (&mut self.hot[i as usize], &mut self.cold[i as usize]);
-            h.flags &= !IN_WINDOW;
-            if h.flags & OPEN == 0 {
-                continue;
+        if self.touched.len() * 8 > self.hot.len() {
+            self.touched.clear();
+            for i in 0..self.hot.len() {
+                if self.hot[i].flags & IN_WINDOW != 0 {
+                    closed.push(i as u32);
+                    self.close_flow_window(i, len);
+                }
             }
-            let offered = f.offered + h.fast_ios as u64;
-            let served = f.served + h.fast_ios as u64;
-            let served_kb = f.served_kb + h.fast_kb as u64;
-            let min_iops = f.reservation.rate();
+        } else {
+            core::mem::swap(&mut closed, &mut self.touched);
+            for &i in &closed {
+                self.close_flow_window(i as usize, len);
+            }
+        }
+        self.closed = closed;
+        self.window_start = now;
+    }
+
+    /// Closes listed slot `i`'s window of length `len` (see
+    /// [`close_window`](Self::close_window)).
+    #[inline(always)]
+    fn close_flow_window(&mut self, i: usize, len: Duration) {
+        let (h, f) = (&mut self.hot[i], &mut self.cold[i]);
+        h.flags &= !IN_WINDOW;
+        if h.flags & OPEN == 0 {
+            return;
+        }
+        let offered = f.offered + h.fast_ios as u64;
+        let served = f.served + h.fast_ios as u64;
+        let served_kb = f.served_kb + h.fast_kb as u64;
+        let min_iops = f.reservation.rate();
+        let met = min_iops == 0 || {
             // A flow that stayed backlogged the whole window wanted more
             // than it got; otherwise it wanted what it offered.
             let wanted = if f.idle_in_window {
@@ -474,30 +497,28 @@ impl Scheduler {
             };
             let reserved = (min_iops as u128 * len.as_nanos() as u128 / 1_000_000_000) as u64;
             let required = wanted.min(reserved);
-            let met = min_iops == 0 || served.saturating_add(f.reservation.burst()) >= required;
-            f.last = WindowReport {
-                length: len,
-                offered_ios: offered,
-                backlog_ios: f.backlog,
-                served_ios: served,
-                served_kb,
-                reservation_met: met,
-            };
-            f.last_epoch = self.epoch;
-            let busy = offered != 0 || served != 0 || f.backlog != 0 || f.len != 0;
-            h.fast_ios = 0;
-            h.fast_kb = 0;
-            f.offered = 0;
-            f.served = 0;
-            f.served_kb = 0;
-            f.backlog = f.queued_ios;
-            f.idle_in_window = f.len == 0;
-            if busy {
-                Self::touch(h, &mut self.touched, i as usize);
-            }
+            served.saturating_add(f.reservation.burst()) >= required
+        };
+        f.last = WindowReport {
+            length: len,
+            offered_ios: offered,
+            backlog_ios: f.backlog,
+            served_ios: served,
+            served_kb,
+            reservation_met: met,
+        };
+        f.last_epoch = self.epoch;
+        let busy = offered != 0 || served != 0 || f.backlog != 0 || f.len != 0;
+        h.fast_ios = 0;
+        h.fast_kb = 0;
+        f.offered = 0;
+        f.served = 0;
+        f.served_kb = 0;
+        f.backlog = f.queued_ios;
+        f.idle_in_window = f.len == 0;
+        if busy {
+            Self::touch(h, &mut self.touched, i);
         }
-        self.closed = closed;
-        self.window_start = now;
     }
 
     /// The slots whose report the last window close produced: every open
