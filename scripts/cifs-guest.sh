@@ -303,7 +303,7 @@ test_mode() {
 	done
 	echo "baseline: $BASE"
 	echo "after:    $after"
-	[ "$after" = "$BASE" ] && ok "sessions, opens, grants and pool buffers back to baseline" || bad "stats not back to baseline"
+	[ "$after" = "$BASE" ] && ok "sessions, opens and pool buffers back to baseline (the verbs provider keeps no grant counters)" || bad "stats not back to baseline"
 	say "wrong password"
 	kmsg "wrong password"
 	if timeout 60 mount -t cifs "//$IP/data" "$MNT" -o "rdma,vers=3.1.1,username=$USER_,password=wrong" 2>&1; then
@@ -323,11 +323,51 @@ test_mode() {
 	stats >"$LOG/stats-final.json"
 }
 
+# Share default policy (--share data:policy=GUID): fio 4 KiB random reads
+# through the cifs mount, first with no policy, then under a dedicated
+# policy of QOS_IOPS normalized IOPS (a 4 KiB read counts 1).
+qos_mode() {
+	printf '[[policy]]\nid = "%s"\ntype = "dedicated"\nmax_iops = %s\n' "$QOS_POLICY" "$QOS_IOPS" >"$LOG/qos.toml"
+	mkdir -p "$MNT"
+	local run iops unlimited=
+	for run in unlimited limited; do
+		say "fio randread 4k QD16, $run"
+		if [ $run = unlimited ]; then
+			start_server
+		else
+			start_server --share "data:policy=$QOS_POLICY" --policy-file "$LOG/qos.toml"
+		fi
+		if ! do_mount 3.1.1 ""; then
+			bad "mount ($run)"
+			stop_server
+			continue
+		fi
+		[ -s "$STORE/f64" ] || timeout 300 dd if=/dev/zero of="$MNT/f64" bs=1M count=64 oflag=direct status=none
+		timeout $((FIO_RUNTIME + 120)) fio --name="$run" --filename="$MNT/f64" --rw=randread --bs=4k --direct=1 \
+			--ioengine=libaio --iodepth=16 --numjobs=1 --size=64M --runtime="$FIO_RUNTIME" --time_based \
+			--output-format=json >"$LOG/fio-$run.json" 2>"$LOG/fio-$run.err" || bad "fio ($run)"
+		iops=$(jq '.jobs[0].read.iops | floor' "$LOG/fio-$run.json" 2>/dev/null)
+		echo "qos: $run: ${iops:-?} IOPS"
+		[ $run = unlimited ] && unlimited=${iops:-0}
+		do_umount
+		stop_server
+	done
+	local cap=$((QOS_IOPS * 103 / 100))
+	if [ -n "${iops:-}" ] && [ "$iops" -le "$cap" ]; then
+		ok "limited to $iops IOPS <= $QOS_IOPS + 3 % ($cap); unlimited $unlimited IOPS"
+	else
+		bad "limited run: ${iops:-?} IOPS, cap $cap; unlimited $unlimited IOPS"
+	fi
+	[ "${unlimited:-0}" -gt "$QOS_IOPS" ] ||
+		echo "NOTE: unlimited ($unlimited IOPS) is not above the limit ($QOS_IOPS): set QOS_IOPS lower to show enforcement"
+}
+
 # the kernel log, streamed (a guest kernel oops stops everything else)
 dmesg -w 2>/dev/null | sed -u 's/^/kmsg: /' >&2 &
 load_modules
 case $MODE in
 --test) test_mode ;;
+--qos) qos_mode ;;
 *) die "unknown mode $MODE" ;;
 esac
 finish

@@ -55,8 +55,14 @@ echo "cifs-tests: built in $((built - start)) s; booting the rxe VM (mode $MODE)
 
 TMO=${CIFS_TESTS_TIMEOUT:-1500}
 status=0
+# bash reads a script as it runs it: the guest runs a copy (host /tmp is
+# visible in the guest), so editing the script meanwhile cannot break a run
+GUEST=$(mktemp /tmp/cifs-guest.XXXXXX)
+trap 'rm -f "$GUEST"' EXIT
+cp "$ROOT/scripts/cifs-guest.sh" "$GUEST"
+chmod +x "$GUEST"
 flock /tmp/rxe-vm.lock timeout $((TMO + 120)) "$RXEVM" --timeout "$TMO" -- \
-	"$ROOT/scripts/cifs-guest.sh" "$BIN" "$MODE" >"$OUT/guest.out" 2>"$OUT/guest.err" || status=$?
+	"$GUEST" "$BIN" "$MODE" >"$OUT/guest.out" 2>"$OUT/guest.err" || status=$?
 end=$(date +%s)
 # the guest's logs come back archived on its stdout
 sed -n '/^=== ARCHIVE BEGIN/,/^=== ARCHIVE END/p' "$OUT/guest.out" | sed '1d;$d' | base64 -d 2>/dev/null |
