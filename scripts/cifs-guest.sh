@@ -94,7 +94,7 @@ start_server() { # extra serve flags...
 		> >(tee "$LOG/server$n.log" | sed 's/^/server: /' >&2) 2>&1 &
 	SRV_PID=$!
 	for ((i = 0; i < 300; i++)); do
-		grep -q 'serving on' "$LOG/server$n.log" && break
+		grep -q "serving on" "$LOG/server$n.log" 2>/dev/null && break
 		kill -0 "$SRV_PID" 2>/dev/null || { cat "$LOG/server$n.log"; die "smbdirectd serve exited"; }
 		sleep 0.2
 	done
