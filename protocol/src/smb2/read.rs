@@ -300,9 +300,14 @@ impl<'a> ReadResponseRepr<'a> {
         })
     }
 
-    /// Fixed part, then the data (at least 17 bytes).
+    /// Fixed part, then the data: exactly 16 bytes when there is none (an
+    /// RDMA read). [MS-SMB2] 2.2.20 counts one Buffer byte in StructureSize
+    /// 17 but does not require it on the wire; the Linux client's
+    /// SMB Direct receive path consumes exactly 16 + DataLength bytes of
+    /// an RDMA read's response and takes a 17th byte as the start of the
+    /// next message (docs/spec-notes.md, "READ response length").
     pub fn buffer_len(&self) -> usize {
-        (rsp_field::BUFFER + self.data.len()).max(17)
+        rsp_field::BUFFER + self.data.len()
     }
 
     /// Writes the response, DataOffset 80. To send the data from elsewhere

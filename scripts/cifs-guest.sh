@@ -1,0 +1,373 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE guest (started by scripts/cifs-tests.sh): loads
+# the SMB-Direct-enabled cifs.ko (and ksmbd.ko for --bench) built by
+# ../shared/kernel-smbd, starts `smbdirectd serve --provider verbs` on
+# $RXE_IP:445 with a directory store and a users file, mounts the share with
+# the Linux client over RDMA (-o rdma) and checks it behaves as a file system.
+#
+#   cifs-guest.sh BIN          mount battery (vers 3.0, 3.0.2, 3.1.1 + signing),
+#                              transport proof, stats back to baseline,
+#                              wrong password refused
+#   cifs-guest.sh BIN --qos    share default policy of QOS_IOPS: fio randread
+#                              with and without it
+#   cifs-guest.sh BIN --bench  fio through the same cifs.ko, ksmbd.ko vs smbdirectd
+#
+# Every step that can block runs under `timeout` (a failed cifs mount can
+# leave cifsd threads hung in smbd_destroy() on 6.1). Logs, the server's
+# pcap and dmesg are archived to stdout between ARCHIVE markers (the guest's
+# writes are discarded when it stops); the host unpacks them.
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export LC_ALL=C
+BIN=$1
+MODE=${2:---test}
+CACHE=${KSMBD_CACHE:-/var/cache/kernel-smbd}
+KVER=$(uname -r)
+RXEVM_CACHE=${RXEVM_CACHE:-/var/cache/rxe-vm}
+MODTREE=$RXEVM_CACHE/linux-image-$KVER/lib/modules
+BB=$RXEVM_CACHE/busybox/bin/busybox
+IP=${RXE_IP:-10.0.2.15}
+USER_=smbtest PASS_=Cifs-Test-pw1
+STORE=/srv/cifsstore MNT=/mnt/cifs LOG=/tmp/cifs-guest.$$
+VERSIONS=${CIFS_VERS:-3.0 3.0.2 3.1.1}
+FIO_RUNTIME=${FIO_RUNTIME:-10}
+QOS_IOPS=${QOS_IOPS:-1000}
+QOS_POLICY=8d7f0c7e-2f9b-4c58-9a35-1d3c5e6f7a81
+FAILS=0 SRV_PID=
+mkdir -p "$LOG"
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd # process substitution
+
+up() { local u; read -r u _ </proc/uptime; echo "$u"; }
+say() { echo "=== [$(up)] $*"; echo "=== [$(up)] $*" >&2; kmsg "$*"; }
+step() { echo "--- [$(up)] $*" >&2; kmsg "$*"; }
+ok() { echo "OK: $*"; }
+bad() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+kmsg() { echo "cifs-guest: $*" >/dev/kmsg; }
+drop_caches() { timeout 120 sh -c 'echo 3 >/proc/sys/vm/drop_caches'; }
+archive() {
+	dmesg >"$LOG/dmesg.txt" 2>&1
+	echo "=== ARCHIVE BEGIN"
+	tar -C "$LOG" -czf - . | base64 -w 120
+	echo "=== ARCHIVE END"
+}
+finish() {
+	stop_server
+	say "result: $FAILS failed check(s)"
+	archive
+	[ "$FAILS" = 0 ] && exit 0
+	exit 1
+}
+die() {
+	echo "FATAL: $*"
+	FAILS=$((FAILS + 1))
+	dmesg | grep -iE 'cifs|smb|rdma' | tail -n 30
+	finish
+}
+
+# ------------------------------------------------------------- modules
+load_modules() {
+	say "loading the rig's modules ($CACHE)"
+	timeout 30 mount --bind "$MODTREE" /lib/modules || die "bind $MODTREE"
+	for m in ib_core rdma_cm cifs_arc4 cifs_md4 netfs fscache dns_resolver; do
+		timeout 60 "$BB" modprobe "$m" || die "modprobe $m"
+	done
+	if [ "$MODE" = --bench ]; then
+		timeout 60 "$BB" insmod "$CACHE/ksmbd.ko" || die "insmod ksmbd.ko"
+	fi
+	timeout 60 "$BB" insmod "$CACHE/cifs.ko" || die "insmod cifs.ko"
+	# cifs FYI debug: every SMB2 command and status goes to dmesg
+	[ "${CIFS_FYI:-1}" = 1 ] && echo 1 >/proc/fs/cifs/cifsFYI
+}
+
+# ------------------------------------------------------------- smbdirectd
+start_server() { # extra serve flags...
+	mkdir -p "$STORE"
+	[ "$(cat /proc/sys/vm/nr_hugepages)" -ge 64 ] || echo 64 >/proc/sys/vm/nr_hugepages
+	mountpoint -q "$STORE" || timeout 30 mount -t tmpfs -o size=600m,mode=0777 cifsstore "$STORE" || die tmpfs
+	[ -s "$LOG/users" ] || printf '%s\n' "$PASS_" | timeout 30 "$BIN" user add "$USER_" --users "$LOG/users" >/dev/null ||
+		die "smbdirectd user add"
+	local n=${SRV_RUN:-0}
+	SRV_RUN=$((n + 1))
+	# rxe0 allows CQs of up to 32767 entries: a few connections only
+	"$BIN" serve --provider verbs --listen "$IP:445" --cores 1 --max-connections 8 --pool-mem 128M --idle-park-us 200 \
+		--store "$STORE" --users "$LOG/users" --capture "$LOG/server$n.pcap" --stats-interval 0 "$@" \
+		> >(tee "$LOG/server$n.log" | sed 's/^/server: /' >&2) 2>&1 &
+	SRV_PID=$!
+	for ((i = 0; i < 300; i++)); do
+		grep -q "serving on" "$LOG/server$n.log" 2>/dev/null && break
+		kill -0 "$SRV_PID" 2>/dev/null || { cat "$LOG/server$n.log"; die "smbdirectd serve exited"; }
+		sleep 0.2
+	done
+	grep -q 'serving on' "$LOG/server$n.log" || die "smbdirectd serve did not come up"
+	echo "smbdirectd serve pid $SRV_PID: $(grep 'serving on' "$LOG/server$n.log" | head -n1)"
+}
+stop_server() {
+	[ -n "$SRV_PID" ] || return 0
+	kill -INT "$SRV_PID" 2>/dev/null
+	for ((i = 0; i < 100; i++)); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.2; done
+	kill -0 "$SRV_PID" 2>/dev/null && { echo "smbdirectd did not stop on SIGINT; killing"; kill -9 "$SRV_PID"; }
+	wait "$SRV_PID" 2>/dev/null
+	SRV_PID=
+}
+stats() { timeout 20 "$BIN" stats --json --port 445; }
+# sessions opens grants_live and, per pool class, free buffers
+stat_summary() {
+	stats | jq -c '{sessions, opens, provider_counters,
+		free: [.pool.classes[] | "\(.name)=\(.free)/\(.total)"]}' 2>&1
+}
+
+# ------------------------------------------------------------- client
+do_mount() { # vers extra-options
+	kmsg "mount vers=$1 $2"
+	local t0=$(up)
+	if timeout 120 mount -t cifs "//$IP/data" "$MNT" \
+		-o "rdma,vers=$1,username=$USER_,password=$PASS_,uid=0,gid=0,noperm,cache=strict${2:+,$2}" \
+		>"$LOG/mount.out" 2>&1; then
+		echo "mounted vers=$1 ${2:-} in $(awk "BEGIN{print $(up) - $t0}") s"
+		return 0
+	fi
+	cat "$LOG/mount.out"
+	echo "--- dmesg (cifs)"
+	dmesg | grep -iE 'cifs|smb|status' | tail -n 40
+	return 1
+}
+do_umount() {
+	kmsg "umount"
+	timeout 120 umount "$MNT" && return 0
+	echo "umount failed; lazy"
+	timeout 30 umount -l "$MNT"
+	return 1
+}
+
+proof() { # the transport is SMB Direct, not TCP
+	if grep -q 'SMBDirect (in hex) protocol version' /proc/fs/cifs/DebugData; then
+		ok "cifs DebugData shows an SMBDirect transport"
+		grep -E -A4 'SMBDirect \(in hex\)' /proc/fs/cifs/DebugData | head -n 5 | sed 's/^/    /'
+	else
+		bad "cifs DebugData shows no SMBDirect transport"
+		head -n 40 /proc/fs/cifs/DebugData
+	fi
+	local tcp
+	tcp=$(timeout 10 ss -tnH state established '( sport = :445 or dport = :445 )' 2>/dev/null)
+	[ -z "$tcp" ] && ok "no TCP connection on port 445" || bad "TCP connection on port 445: $tcp"
+}
+
+cmp_ok() { # a b what
+	if cmp -s "$1" "$2"; then ok "$3"; else bad "$3 (data differ)"; fi
+}
+
+battery() { # full|small
+	local m=$MNT what=$1 f
+	say "battery ($what) on $m"
+	# small files, inline
+	step "small files, inline"
+	timeout 30 sh -c 'echo hello-over-smb-direct >"$1"' _ "$m/hello.txt" || bad "small write"
+	head -c 4096 /dev/urandom >"$LOG/r4k"
+	head -c 100000 /dev/urandom >"$LOG/r100k"
+	timeout 30 cp "$LOG/r4k" "$m/r4k" && timeout 30 cp "$LOG/r100k" "$m/r100k" || bad "cp small files"
+	drop_caches
+	[ "$(timeout 30 cat "$m/hello.txt")" = hello-over-smb-direct ] && ok "small file read back" || bad "small file read back"
+	cmp_ok "$LOG/r4k" "$m/r4k" "4 KiB file read back"
+	cmp_ok "$LOG/r100k" "$m/r100k" "100 KB file read back"
+	cmp_ok "$LOG/r100k" "$STORE/r100k" "100 KB file as stored on the server"
+	if [ "$what" = full ]; then
+		# 64 MiB O_DIRECT: above the client's RDMA threshold, through RDMA read/write
+		step "64 MiB O_DIRECT: above the client's RDMA threshold, through RDMA read/write"
+		[ -s "$LOG/r64m" ] || head -c $((64 << 20)) /dev/urandom >"$LOG/r64m"
+		local t0=$(up)
+		timeout 300 dd if="$LOG/r64m" of="$m/big" bs=1M oflag=direct status=none || bad "64 MiB O_DIRECT write"
+		local t1=$(up)
+		drop_caches
+		timeout 300 dd if="$m/big" of="$LOG/r64m.back" bs=1M iflag=direct status=none || bad "64 MiB O_DIRECT read"
+		local t2=$(up)
+		echo "64 MiB O_DIRECT: write $(awk "BEGIN{print $t1 - $t0}") s, read $(awk "BEGIN{print $t2 - $t1}") s"
+		cmp_ok "$LOG/r64m" "$LOG/r64m.back" "64 MiB O_DIRECT file read back"
+		cmp_ok "$LOG/r64m" "$STORE/big" "64 MiB file as stored on the server"
+		rm -f "$LOG/r64m.back"
+		timeout 60 rm -f "$m/big" || bad "rm big"
+	fi
+	# directories
+	step "directories"
+	timeout 30 mkdir -p "$m/d1/d2/d3" && [ -d "$STORE/d1/d2/d3" ] && ok "mkdir -p" || bad "mkdir -p"
+	timeout 30 rmdir "$m/d1/d2/d3" && [ ! -e "$STORE/d1/d2/d3" ] && ok "rmdir" || bad "rmdir"
+	timeout 30 rmdir "$m/d1" 2>/dev/null && bad "rmdir of a non-empty directory succeeded" || ok "rmdir of a non-empty directory refused"
+	# rename (file, directory, over an existing file)
+	step "rename (file, directory, over an existing file)"
+	timeout 30 mv "$m/hello.txt" "$m/d1/renamed.txt" && [ -e "$STORE/d1/renamed.txt" ] && [ ! -e "$STORE/hello.txt" ] &&
+		ok "rename file into a subdirectory" || bad "rename file"
+	timeout 30 mv "$m/d1/d2" "$m/d2moved" && [ -d "$STORE/d2moved" ] && ok "rename directory" || bad "rename directory"
+	timeout 30 mv -f "$m/r4k" "$m/r100k" && cmp_ok "$LOG/r4k" "$m/r100k" "rename over an existing file"
+	# unlink
+	step "unlink"
+	timeout 30 rm "$m/r100k" && [ ! -e "$m/r100k" ] && [ ! -e "$STORE/r100k" ] && ok "unlink" || bad "unlink"
+	# truncate
+	step "truncate"
+	timeout 30 sh -c 'head -c 5000 /dev/zero >"$1"' _ "$m/t" || bad "write t"
+	timeout 30 truncate -s 123457 "$m/t" && [ "$(stat -c %s "$m/t")" = 123457 ] && [ "$(stat -c %s "$STORE/t")" = 123457 ] &&
+		ok "truncate up (123457)" || bad "truncate up: $(stat -c %s "$m/t")"
+	timeout 30 truncate -s 10 "$m/t" && drop_caches && [ "$(stat -c %s "$m/t")" = 10 ] && ok "truncate down (10)" || bad "truncate down"
+	# times and sizes
+	step "times and sizes"
+	timeout 30 touch -d '2021-03-04 05:06:07 UTC' "$m/t" || bad "touch -d"
+	drop_caches
+	[ "$(stat -c %Y "$m/t")" = "$(date -d '2021-03-04 05:06:07 UTC' +%s)" ] && ok "mtime set and read back" ||
+		bad "mtime: $(stat -c %Y "$m/t")"
+	[ "$(stat -c %Y "$STORE/t")" = "$(date -d '2021-03-04 05:06:07 UTC' +%s)" ] && ok "mtime on the server" ||
+		bad "server mtime: $(stat -c %Y "$STORE/t")"
+	timeout 30 ls -l --full-time "$m" >"$LOG/ls.txt" 2>&1 && grep -q ' 10 2021-03-04 05:06:07' "$LOG/ls.txt" &&
+		ok "ls -l shows size and time" || { bad "ls -l"; cat "$LOG/ls.txt"; }
+	timeout 30 stat "$m/t" >/dev/null && timeout 30 stat "$m/d1" | grep -q directory && ok "stat file and directory" || bad "stat"
+	timeout 30 stat "$m/nonexistent" 2>/dev/null && bad "stat of a missing file succeeded" || ok "stat of a missing file: ENOENT"
+	# flock: exclusive lock held by one process refuses another
+	if [ "$what" = full ]; then
+		heavy
+	fi
+	step "clean up"
+	timeout 60 rm -rf "$m"/* || bad "final rm"
+	[ -z "$(ls -A "$STORE")" ] && ok "share empty again" || bad "left on the server: $(ls -A "$STORE")"
+}
+
+heavy() { # flock, many files, concurrent writers (first mount only)
+	local m=$MNT
+	step "flock: exclusive lock held by one process refuses another"
+	timeout 30 flock -x "$m/t" -c true && ok "flock" || bad "flock"
+	(timeout 30 flock -x "$m/t" -c 'sleep 4') &
+	local fp=$!
+	sleep 1.5
+	timeout 10 flock -n -x "$m/t" -c true 2>/dev/null && bad "flock -n succeeded while another holds the lock" ||
+		ok "flock conflict detected"
+	wait $fp
+	timeout 30 flock -n -x "$m/t" -c true && ok "flock after release" || bad "flock after release"
+	# many files in one directory (QUERY_DIRECTORY paging)
+	step "many files in one directory (QUERY_DIRECTORY paging)"
+	# 100-character names: 250 entries need more than one 64 KiB response
+	local many=${MANY:-250} long
+	long=$(printf 'n%.0s' {1..90})
+	timeout 400 sh -c 'mkdir "$1/many" && i=0; while [ $i -lt $2 ]; do : >"$1/many/$3-$i"; i=$((i+1)); done' _ "$m" "$many" "$long" ||
+		bad "create $many files"
+	drop_caches
+	local n
+	n=$(timeout 60 ls "$m/many" | wc -l)
+	[ "$n" = "$many" ] && ok "$many files listed in one directory" || bad "listed $n of $many files"
+	timeout 300 rm -r "$m/many" && [ ! -e "$STORE/many" ] && ok "rm -r of $many files" || bad "rm -r many"
+	# two concurrent writers on different files
+	step "two concurrent writers on different files"
+	head -c $((3 << 20)) /dev/urandom >"$LOG/wa"
+	head -c $((3 << 20)) /dev/urandom >"$LOG/wb"
+	timeout 120 dd if="$LOG/wa" of="$m/wa" bs=256k oflag=direct status=none &
+	local pa=$!
+	timeout 120 dd if="$LOG/wb" of="$m/wb" bs=64k status=none conv=fsync &
+	local pb=$!
+	wait $pa && wait $pb || bad "concurrent writers"
+	drop_caches
+	cmp_ok "$LOG/wa" "$m/wa" "concurrent writer A"
+	cmp_ok "$LOG/wb" "$m/wb" "concurrent writer B"
+}
+
+test_mode() {
+	start_server
+	mkdir -p "$MNT"
+	say "baseline"
+	BASE=$(stat_summary)
+	echo "$BASE"
+	local first=1
+	for v in $VERSIONS; do
+		say "mount vers=$v over RDMA"
+		if ! do_mount "$v" ""; then
+			bad "mount vers=$v"
+			continue
+		fi
+		proof
+		# cifs SMB Direct tracing (debugging): e.g. 0x26 = incoming, reads, RDMA receives
+		[ -n "${SMBD_LOG:-}" ] && echo "$SMBD_LOG" >/sys/module/cifs/parameters/smbd_logging_class
+		if [ $first = 1 ]; then battery full; first=0; else battery small; fi
+		echo "during: $(stat_summary)"
+		do_umount && ok "umount vers=$v" || bad "umount vers=$v"
+	done
+	say "mount vers=3.1.1 with signing (sign)"
+	if do_mount 3.1.1 sign; then
+		proof
+		grep -iE 'signing|Security type' /proc/fs/cifs/DebugData | head -n 3
+		battery small
+		do_umount && ok "umount (signed)" || bad "umount (signed)"
+	else
+		bad "mount with signing"
+	fi
+	sleep 2
+	say "stats back to baseline"
+	local after
+	for ((i = 0; i < 20; i++)); do
+		after=$(stat_summary)
+		[ "$after" = "$BASE" ] && break
+		sleep 1
+	done
+	echo "baseline: $BASE"
+	echo "after:    $after"
+	[ "$after" = "$BASE" ] && ok "sessions, opens and pool buffers back to baseline (the verbs provider keeps no grant counters)" || bad "stats not back to baseline"
+	say "wrong password"
+	kmsg "wrong password"
+	if timeout 60 mount -t cifs "//$IP/data" "$MNT" -o "rdma,vers=3.1.1,username=$USER_,password=wrong" 2>&1; then
+		bad "mount with a wrong password succeeded"
+		do_umount
+	else
+		sleep 1
+		dmesg | grep -q 'STATUS_LOGON_FAILURE' && ok "wrong password refused with STATUS_LOGON_FAILURE" ||
+			{ bad "no STATUS_LOGON_FAILURE in dmesg"; dmesg | tail -n 15; }
+	fi
+	if do_mount 3.1.1 "" && timeout 30 ls -la "$MNT" >/dev/null; then
+		ok "server still serving after the refused logon"
+		do_umount
+	else
+		bad "server not serving after the refused logon"
+	fi
+	stats >"$LOG/stats-final.json"
+}
+
+# Share default policy (--share data:policy=GUID): fio 4 KiB random reads
+# through the cifs mount, first with no policy, then under a dedicated
+# policy of QOS_IOPS normalized IOPS (a 4 KiB read counts 1).
+qos_mode() {
+	printf '[[policy]]\nid = "%s"\ntype = "dedicated"\nmax_iops = %s\n' "$QOS_POLICY" "$QOS_IOPS" >"$LOG/qos.toml"
+	mkdir -p "$MNT"
+	local run iops unlimited=
+	for run in unlimited limited; do
+		say "fio randread 4k QD16, $run"
+		if [ $run = unlimited ]; then
+			start_server
+		else
+			start_server --share "data:policy=$QOS_POLICY" --policy-file "$LOG/qos.toml"
+		fi
+		if ! do_mount 3.1.1 ""; then
+			bad "mount ($run)"
+			stop_server
+			continue
+		fi
+		[ -s "$STORE/f64" ] || timeout 300 dd if=/dev/zero of="$MNT/f64" bs=1M count=64 oflag=direct status=none
+		timeout $((FIO_RUNTIME + 120)) fio --name="$run" --filename="$MNT/f64" --rw=randread --bs=4k --direct=1 \
+			--ioengine=libaio --iodepth=16 --numjobs=1 --size=64M --runtime="$FIO_RUNTIME" --time_based \
+			--output-format=json >"$LOG/fio-$run.json" 2>"$LOG/fio-$run.err" || bad "fio ($run)"
+		iops=$(jq '.jobs[0].read.iops | floor' "$LOG/fio-$run.json" 2>/dev/null)
+		echo "qos: $run: ${iops:-?} IOPS"
+		[ $run = unlimited ] && unlimited=${iops:-0}
+		do_umount
+		stop_server
+	done
+	local cap=$((QOS_IOPS * 103 / 100))
+	if [ -n "${iops:-}" ] && [ "$iops" -le "$cap" ]; then
+		ok "limited to $iops IOPS <= $QOS_IOPS + 3 % ($cap); unlimited $unlimited IOPS"
+	else
+		bad "limited run: ${iops:-?} IOPS, cap $cap; unlimited $unlimited IOPS"
+	fi
+	[ "${unlimited:-0}" -gt "$QOS_IOPS" ] ||
+		echo "NOTE: unlimited ($unlimited IOPS) is not above the limit ($QOS_IOPS): set QOS_IOPS lower to show enforcement"
+}
+
+# the kernel log, streamed (a guest kernel oops stops everything else)
+dmesg -w 2>/dev/null | sed -u 's/^/kmsg: /' >&2 &
+load_modules
+case $MODE in
+--test) test_mode ;;
+--qos) qos_mode ;;
+*) die "unknown mode $MODE" ;;
+esac
+finish

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The Linux kernel's SMB client (cifs.ko) mounts smbdirectd over SMB Direct,
+# inside the Soft-RoCE guest of ../shared/rxe-vm, with the SMB-Direct-enabled
+# cifs.ko/ksmbd.ko built by ../shared/kernel-smbd (docs/linux-client.md).
+#
+#   scripts/cifs-tests.sh            # mount battery (vers 3.0, 3.0.2, 3.1.1, signed once)
+#   scripts/cifs-tests.sh --qos      # share default policy: fio IOPS with and without a limit
+#   scripts/cifs-tests.sh --bench    # fio through cifs.ko: ksmbd.ko vs smbdirectd (Markdown table)
+#
+# Host side: builds the modules through the rig if they are missing (~1.5 min,
+# cached in /var/cache/kernel-smbd), builds smbdirectd (release), boots the
+# guest under `flock /tmp/rxe-vm.lock` and runs scripts/cifs-guest.sh in it.
+# Logs, the server's pcap (tshark -r F -2 -Y smb_direct) and the guest's
+# dmesg land in target/cifs-tests/. Without the rigs it says "skipped" and
+# exits 0.
+# env: RXEVM (run-in-rxe-vm.sh), KSMBD_RIG (kernel-smbd directory),
+#      CIFS_TESTS_TIMEOUT (guest time limit, s), CIFS_VERS, FIO_RUNTIME, QOS_IOPS
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODE=${1:---test}
+case $MODE in --test | --qos | --bench) ;; *) echo "usage: $0 [--test|--qos|--bench]" >&2; exit 2 ;; esac
+
+RXEVM=${RXEVM:-$ROOT/../shared/rxe-vm/run-in-rxe-vm.sh}
+[ -x "$RXEVM" ] || RXEVM=/work/shared/rxe-vm/run-in-rxe-vm.sh
+RIG=${KSMBD_RIG:-$ROOT/../shared/kernel-smbd}
+[ -x "$RIG/build-kernel-smbd.sh" ] || RIG=/work/shared/kernel-smbd
+if [ ! -x "$RXEVM" ] || [ ! -x "$RIG/build-kernel-smbd.sh" ]; then
+	echo "cifs-tests: rxe-vm ($RXEVM) or kernel-smbd ($RIG) not found"
+	echo "cifs-tests: skipped: the Soft-RoCE guest and kernel SMB rig are not available"
+	exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+	echo "cifs-tests: skipped: needs root (the rig installs packages and boots the guest)"
+	exit 0
+fi
+OUT=$ROOT/target/cifs-tests
+mkdir -p "$OUT"
+CACHE=${KSMBD_CACHE:-/var/cache/kernel-smbd}
+export KSMBD_CACHE=$CACHE
+
+start=$(date +%s)
+echo "cifs-tests: modules ($RIG/build-kernel-smbd.sh)"
+nice -n 5 "$RIG/build-kernel-smbd.sh" >"$OUT/build-kernel.log" 2>&1 || {
+	tail -n 20 "$OUT/build-kernel.log"
+	echo "cifs-tests: FAILED: building cifs.ko/ksmbd.ko"
+	exit 1
+}
+echo "cifs-tests: building smbdirectd (release)"
+nice -n 5 cargo build --release --locked --bin smbdirectd 2>&1 | tail -n 3
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/smbdirectd
+[ -x "$BIN" ] || { echo "cifs-tests: FAILED: $BIN not built"; exit 1; }
+built=$(date +%s)
+echo "cifs-tests: built in $((built - start)) s; booting the rxe VM (mode $MODE)"
+
+TMO=${CIFS_TESTS_TIMEOUT:-1500}
+status=0
+# bash reads a script as it runs it: the guest runs a copy (host /tmp is
+# visible in the guest), so editing the script meanwhile cannot break a run
+GUEST=$(mktemp /tmp/cifs-guest.XXXXXX)
+trap 'rm -f "$GUEST"' EXIT
+cp "$ROOT/scripts/cifs-guest.sh" "$GUEST"
+chmod +x "$GUEST"
+flock /tmp/rxe-vm.lock timeout $((TMO + 120)) "$RXEVM" --timeout "$TMO" -- \
+	"$GUEST" "$BIN" "$MODE" >"$OUT/guest.out" 2>"$OUT/guest.err" || status=$?
+end=$(date +%s)
+# the guest's logs come back archived on its stdout
+sed -n '/^=== ARCHIVE BEGIN/,/^=== ARCHIVE END/p' "$OUT/guest.out" | sed '1d;$d' | base64 -d 2>/dev/null |
+	tar -C "$OUT" -xzf - 2>/dev/null || echo "cifs-tests: no log archive from the guest"
+sed '/^=== ARCHIVE BEGIN/,/^=== ARCHIVE END/d' "$OUT/guest.out" >"$OUT/guest.log"
+cat "$OUT/guest.log"
+[ -s "$OUT/guest.err" ] && { echo "--- guest stderr (tail)"; tail -n 20 "$OUT/guest.err"; }
+case $status in
+0) echo "cifs-tests: passed (build $((built - start)) s, VM $((end - built)) s; logs in $OUT)" ;;
+124) echo "cifs-tests: FAILED: the guest timed out after $TMO s (logs in $OUT)" ;;
+125) echo "cifs-tests: FAILED: the VM could not start" ;;
+*) echo "cifs-tests: FAILED (exit $status; build $((built - start)) s, VM $((end - built)) s; logs in $OUT)" ;;
+esac
+exit $status
