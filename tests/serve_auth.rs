@@ -32,6 +32,8 @@ fn cfg() -> SmbdConfig {
 struct Raw {
     c: Client<SoftProvider>,
     next_id: u64,
+    /// CreditCharge of the next request (1 when not set).
+    charge: Option<u16>,
     session: u64,
     tree: u32,
     _pool: BufferPool,
@@ -54,6 +56,8 @@ impl Raw {
         let pool = PoolConfig::new(8 << 20, 1)
             .class(SizeClass::new("receive", 8192).per_slice(64))
             .class(SizeClass::new("send", 1364).per_slice(128))
+            // Whole messages larger than a send (an inline 100 KB WRITE).
+            .class(SizeClass::new("large", 128 << 10).per_slice(2))
             .backing(Backing::SharedMemfd)
             .build()
             .unwrap();
@@ -72,6 +76,7 @@ impl Raw {
         Raw {
             c,
             next_id: 0,
+            charge: None,
             session: 0,
             tree: 0,
             _pool: pool,
@@ -87,8 +92,12 @@ impl Raw {
         sign: Option<(SigningAlgorithm, [u8; 16])>,
     ) -> (Vec<u8>, Resp) {
         let mut h = HeaderRepr::request(command, self.next_id);
-        self.next_id += 1;
-        h.credit_charge = u16::from(command != Command::Negotiate);
+        let charge = self
+            .charge
+            .take()
+            .unwrap_or(u16::from(command != Command::Negotiate));
+        self.next_id += u64::from(charge.max(1));
+        h.credit_charge = charge;
         h.credit = 8;
         h.session_id = self.session;
         h.id = HeaderId::Sync {
@@ -283,4 +292,90 @@ fn ntlmssp_logon_signs_and_wrong_password_is_refused() {
     assert!(err.contains("SESSION_SETUP refused"), "{err}");
     let _ = doc;
     let _ = std::fs::remove_file(&users);
+}
+
+/// [MS-SMB2] 3.3.4.1.1: every response of a signed session is signed, also
+/// one that waited for the store (an inline WRITE larger than a credit,
+/// written through io_uring on a directory store) and the LOGOFF response,
+/// which is signed with the key of the session it ends. Found by the Linux
+/// client ("sign fail cmd 0x9" on a 100 KB write, "cmd 0x2" at umount).
+#[test]
+fn responses_that_wait_for_the_store_and_logoff_are_signed() {
+    let _g = serial();
+    let port = free_port();
+    let users = format!("/tmp/smbdirectd-users-{port}");
+    let dir = format!("/tmp/smbdirectd-auth-store-{port}");
+    let _ = std::fs::remove_file(&users);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    add_user(&users, "alice", "correct horse");
+    let d = spawn(
+        port,
+        &["--upper", "smb2", "--users", &users, "--store", &dir],
+    );
+    let provider = SoftProvider::new().unwrap();
+    let alg = SigningAlgorithm::AES_CMAC;
+    for dialect in [Dialect::SMB_3_1_1, Dialect::SMB_3_0] {
+        let mut r = Raw::connect(&provider, port);
+        let (resp, key) = logon(&mut r, dialect, "alice", "correct horse");
+        assert_eq!(resp.header.status, STATUS_SUCCESS);
+        let s = Some((alg, key));
+        let signed = |resp: &Resp, what: &str| {
+            assert!(
+                resp.header.flags.contains(HeaderFlags::SIGNED)
+                    && auth::signing::verify(alg, &key, &resp.bytes),
+                "{dialect:?}: the {what} response is not signed with the session's key"
+            );
+        };
+        let tc = TreeConnectRequestRepr {
+            flags: TreeConnectFlags::empty(),
+            path: Utf16Str::new("\\\\127.0.0.1\\data"),
+        };
+        let (_, resp) = r.call(Command::TreeConnect, &tc, s);
+        assert_eq!(resp.header.status, STATUS_SUCCESS);
+        r.tree = resp.header.tree_id().unwrap();
+        let create = CreateRequestRepr {
+            security_flags: 0,
+            requested_oplock_level: OplockLevel::NONE,
+            impersonation_level: ImpersonationLevel::IMPERSONATION,
+            smb_create_flags: 0,
+            desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
+            file_attributes: FileAttributes::NORMAL,
+            share_access: ShareAccess::READ | ShareAccess::WRITE,
+            create_disposition: CreateDisposition::OVERWRITE_IF,
+            create_options: CreateOptions::NON_DIRECTORY_FILE,
+            name: Utf16Str::new("signed.bin"),
+            create_contexts: CreateContextList::EMPTY,
+        };
+        let (_, resp) = r.call(Command::Create, &create, s);
+        assert_eq!(resp.header.status, STATUS_SUCCESS, "{dialect:?}");
+        signed(&resp, "CREATE");
+        let ResponseBody::Create(c) = resp.body() else {
+            panic!("not a CREATE response")
+        };
+        let fid = c.file_id;
+        for len in [4096usize, 100 << 10] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let w = WriteRequestRepr {
+                offset: 0,
+                file_id: fid,
+                channel: Channel::None,
+                remaining_bytes: 0,
+                flags: WriteFlags::empty(),
+                data: &data,
+                channel_info: ChannelInfo::EMPTY,
+            };
+            r.charge = Some(len.div_ceil(65536) as u16);
+            let (_, resp) = r.call(Command::Write, &w, s);
+            assert_eq!(resp.header.status, STATUS_SUCCESS, "{dialect:?} {len}");
+            signed(&resp, &format!("{len}-byte WRITE"));
+        }
+        let (_, resp) = r.call(Command::Logoff, &LogoffRequestRepr, s);
+        assert_eq!(resp.header.status, STATUS_SUCCESS);
+        signed(&resp, "LOGOFF");
+    }
+    let (_, err) = terminate(d);
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_file(&users);
+    let _ = std::fs::remove_dir_all(&dir);
 }

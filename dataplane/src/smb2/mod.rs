@@ -370,6 +370,9 @@ struct Exec {
     /// Sign the responses of this message (a request was signed, or the
     /// session requires it, or SESSION_SETUP completed, 3.3.4.1.1).
     sign: bool,
+    /// A LOGOFF of this message ended the session: its id and signing key,
+    /// which still sign the LOGOFF response ([MS-SMB2] 3.3.5.6, 3.3.4.1.1).
+    ended: Option<(u64, SigningAlgorithm, [u8; 16])>,
     /// Response bytes to add to a preauth integrity hash (3.1.1): range in
     /// the compound response, and whether it is the connection's hash
     /// (NEGOTIATE) or the session's (SESSION_SETUP).
@@ -395,6 +398,7 @@ impl Exec {
             pending_reply: None,
             invalidate: None,
             sign: false,
+            ended: None,
             hash_response: None,
         }
     }
@@ -919,7 +923,7 @@ impl Core {
             }
         }
         if ex.sign && len > 0 {
-            sign_compound(c, &mut scratch[..len]);
+            sign_compound(c, ex.ended.take(), &mut scratch[..len]);
         }
         if len > 0 {
             let invalidate = ex.invalidate.take();
@@ -1263,6 +1267,13 @@ impl Core {
                 Ok(Step::Done)
             }
             RequestBody::Logoff(_) => {
+                if let (Some(d), Some(sid), Some(key)) =
+                    (c.dialect, c.session, c.auth.as_ref().and_then(|a| a.key))
+                {
+                    let alg =
+                        auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
+                    ex.ended = Some((sid, alg, key));
+                }
                 c.session = None;
                 c.auth = None;
                 c.trees = 0;
@@ -2084,12 +2095,18 @@ fn reply_write_result(
 /// Signs every message of a compound response that belongs to the
 /// connection's authenticated session ([MS-SMB2] 3.3.4.1.1; each message
 /// of a compound is signed on its own, padding included, 3.1.4.1).
-fn sign_compound(c: &Conn, buf: &mut [u8]) {
-    let (Some(d), Some(a), Some(sid)) = (c.dialect, c.auth.as_ref(), c.session) else {
+///
+/// `ended` is the session a LOGOFF in this compound ended (its id, algorithm
+/// and key): its responses are signed with that key.
+fn sign_compound(c: &Conn, ended: Option<(u64, SigningAlgorithm, [u8; 16])>, buf: &mut [u8]) {
+    let live = || {
+        let (d, a, sid) = (c.dialect?, c.auth.as_ref()?, c.session?);
+        let alg = auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
+        Some((sid, alg, a.key?))
+    };
+    let Some((sid, alg, key)) = ended.or_else(live) else {
         return;
     };
-    let Some(key) = a.key else { return };
-    let alg = auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
     let mut spans = [(0usize, 0usize); 32];
     let mut n = 0;
     for m in compound(buf).flatten() {
@@ -2115,7 +2132,7 @@ fn reply_ctx(
     let Some(n) = n else { return Ok(()) };
     if ctx[2] == 1 {
         if let Some(c) = conn {
-            sign_compound(c, &mut buf[..n]);
+            sign_compound(c, None, &mut buf[..n]);
         }
     }
     let buf = &*buf;
