@@ -202,6 +202,11 @@ struct ServeArgs {
     /// is refused with STATUS_INSUFFICIENT_RESOURCES).
     #[arg(long, default_value_t = 65_536)]
     qos_max_flows: usize,
+    /// Storage QoS: seconds a logical flow that no Open references is kept
+    /// (statistics and policy survive a client reopening its file) before it
+    /// is removed from the flow table.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    qos_flow_retention: u64,
     /// Local users (`smbdirectd user add ... --users FILE`): SESSION_SETUP
     /// then authenticates with NTLMSSP (NTLMv2), raw or in SPNEGO. Without
     /// it every session is anonymous/guest. The file is re-read when it
@@ -435,6 +440,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         policies,
         store_description: String::new(),
         qos_max_flows: Some(a.qos_max_flows),
+        qos_flow_retention: Some(Duration::from_secs(a.qos_flow_retention)),
     };
     if !matches!(a.log_level.as_str(), "error" | "warn" | "info") {
         return usage_error(format!(

@@ -74,6 +74,7 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         policies: Default::default(),
         store_description: String::new(),
         qos_max_flows: None,
+        qos_flow_retention: None,
     };
     let server =
         start(provider.clone(), cfg, || Echo).map_err(|e| format!("starting the server: {e}"))?;

@@ -90,6 +90,19 @@ impl QosEngine {
         }
     }
 
+    /// Keeps flows no Open references for `retention` (None: the table's
+    /// default, 60 s) before they are removed.
+    pub fn with_flow_retention(mut self, retention: Option<std::time::Duration>) -> Self {
+        if let Some(r) = retention {
+            let config = ServerConfig {
+                flow_retention: PDuration::from_nanos(r.as_nanos() as u64),
+                ..*self.table.config()
+            };
+            self.table = LogicalFlowTable::new(config);
+        }
+        self
+    }
+
     fn now(&self) -> PInstant {
         PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
     }
@@ -715,6 +728,49 @@ mod tests {
         let _ = e.request(0, 1, 1, 1, true, &set_policy(flow(4), gold, 0), 4096);
         let (r, _) = reply(e.request(0, 1, 2, 1, true, &get_status(flow(4)), 4096).0);
         assert_eq!(status(&r.unwrap().unwrap()).status, FlowStatus::Ok);
+    }
+
+    /// A flow no Open references is removed once its retention has passed
+    /// (60 s by default; `serve --qos-flow-retention`), and not before.
+    #[test]
+    fn unreferenced_flow_is_removed_after_its_retention() {
+        let mut e = QosEngine::new(1, PolicyStore::new(), None)
+            .with_flow_retention(Some(std::time::Duration::from_millis(50)));
+        let (r, _) = reply(
+            e.request(
+                0,
+                1,
+                1,
+                7,
+                true,
+                &set_policy(flow(5), Guid::NULL, 100),
+                4096,
+            )
+            .0,
+        );
+        assert_eq!(r, Ok(None));
+        assert_eq!(e.flow_count(), 1);
+        e.open_closed(1, 7);
+        let _ = e.tick(true);
+        assert_eq!(e.flow_count(), 1, "kept during its retention");
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        let _ = e.tick(true);
+        assert_eq!(e.flow_count(), 0, "removed after it");
+        // The default keeps it (60 s).
+        let mut e = QosEngine::new(1, PolicyStore::new(), None).with_flow_retention(None);
+        let _ = e.request(
+            0,
+            1,
+            1,
+            7,
+            true,
+            &set_policy(flow(5), Guid::NULL, 100),
+            4096,
+        );
+        e.open_closed(1, 7);
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        let _ = e.tick(true);
+        assert_eq!(e.flow_count(), 1);
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub struct ServerConfig {
     /// Capacity of the Storage QoS LogicalFlowTable (None: the default,
     /// 65,536 flows).
     pub qos_max_flows: Option<usize>,
+    /// How long a Storage QoS flow no Open references stays in the table
+    /// ([MS-SQOS] 3.2.1.2, ServerConfig::flow_retention; None: 60 s).
+    pub qos_flow_retention: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -378,7 +381,8 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
         mr,
     } = cp;
     let caps = cfg.qp_caps();
-    let mut qos = QosEngine::new(sides.len(), cfg.policies.clone(), cfg.qos_max_flows);
+    let mut qos = QosEngine::new(sides.len(), cfg.policies.clone(), cfg.qos_max_flows)
+        .with_flow_retention(cfg.qos_flow_retention);
     let mut conns: HashMap<u64, ConnInfo> = HashMap::new();
     let mut attaching = vec![0usize; sides.len()];
     let mut next_id = 1u64;

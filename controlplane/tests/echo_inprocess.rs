@@ -32,6 +32,7 @@ fn server_config(port: u16) -> ServerConfig {
         policies: Default::default(),
         store_description: String::new(),
         qos_max_flows: None,
+        qos_flow_retention: None,
     }
 }
 

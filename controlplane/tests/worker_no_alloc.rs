@@ -189,6 +189,7 @@ fn server_config() -> ServerConfig {
         policies: Default::default(),
         store_description: String::new(),
         qos_max_flows: None,
+        qos_flow_retention: None,
     }
 }
 

@@ -82,6 +82,7 @@ pub(crate) fn loopback_server_config(
         policies: Default::default(),
         store_description: String::new(),
         qos_max_flows: None,
+        qos_flow_retention: None,
     }
 }
 
