@@ -544,7 +544,14 @@ fn bad_or_revoked_token_ends_only_that_connection_and_every_buffer_comes_back() 
 
     // The server counted both, kept the healthy connection, and once every
     // connection is gone every buffer is back.
-    let doc = stats_json(&d);
+    // The client sees its connection end before the worker has finished
+    // closing it (and counted why): wait for the daemon's counts.
+    let doc = wait_for_stats(
+        &d,
+        Duration::from_secs(20),
+        "both broken connections closed and counted",
+        |doc| field(doc, "connections") == 1 && field(doc, "rdma_errors") >= 2,
+    );
     assert_eq!(field(&doc, "rdma_errors"), 2, "{doc}");
     assert_eq!(field(&doc, "connections"), 1, "{doc}");
     let _ = bad.close(Duration::from_secs(2));
