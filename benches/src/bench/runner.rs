@@ -567,7 +567,12 @@ mod tests {
             opened: AtomicU64::new(0),
         };
         let m = run(&w, &plan(Stop::Iterations(1000)), &mut Progress::disabled()).expect("runs");
-        assert!(m.errors >= 100, "{} errors", m.errors);
+        // Each of the 3 sessions fails every 10th of its own operations, so
+        // n measured operations on a session bring at least floor(n/10)
+        // failures: 1,000 over 3 sessions give at least 97, whatever the
+        // split. Failures during the warm-up count too (a failed run is
+        // never reported clean), so there is no upper bound.
+        assert!(m.errors >= 97, "{} errors", m.errors);
     }
 
     #[test]
