@@ -15,9 +15,9 @@ use common::*;
 
 use smbdirect_dataplane::client::Client;
 use smbdirect_dataplane::provider::soft::SoftProvider;
-use smbdirect_dataplane::provider::{MemoryRegion, Provider};
+use smbdirect_dataplane::provider::MemoryRegion;
 use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Smb2Error, Transfer};
-use smbdirect_hugepages::{Backing, BufferPool, PoolConfig, SizeClass};
+use smbdirect_hugepages::BufferPool;
 use smbdirect_protocol::ntstatus::STATUS_DISK_FULL;
 use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
 use smbdirect_protocol::smbd::SmbdConfig;
@@ -33,16 +33,15 @@ fn cfg() -> SmbdConfig {
 
 /// The client side: a registered pool with one slice per connection.
 fn client_pool(provider: &SoftProvider, slices: usize) -> (BufferPool, MemoryRegion) {
-    let pool = PoolConfig::new(slices * (3 << 20), slices)
-        .class(SizeClass::new("receive", 8192).per_slice(40))
-        .class(SizeClass::new("send", 1364).per_slice(128))
-        .class(SizeClass::new("mid", 1 << 20).per_slice(2))
-        .backing(Backing::SharedMemfd)
-        .build()
-        .unwrap();
-    // SAFETY: the pool outlives the provider's use of it (the whole test).
-    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
-    (pool, mr)
+    registered_pool(
+        provider,
+        slices,
+        &[
+            ("receive", 8192, 40),
+            ("send", 1364, 128),
+            ("mid", 1 << 20, 2),
+        ],
+    )
 }
 
 fn connect(

@@ -829,16 +829,15 @@ fn cfg() -> SmbdConfig {
 
 /// A client pool, one slice per connection, 1 MiB data buffers.
 fn client_pool(provider: &SoftProvider, slices: usize) -> (BufferPool, MemoryRegion) {
-    let pool = PoolConfig::new(slices * (6 << 20), slices)
-        .class(SizeClass::new("receive", 8192).per_slice(64))
-        .class(SizeClass::new("send", 1364).per_slice(128))
-        .class(SizeClass::new("data", 1 << 20).per_slice(3))
-        .backing(Backing::SharedMemfd)
-        .build()
-        .unwrap();
-    // SAFETY: the pool outlives the provider's use of it (whole test).
-    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
-    (pool, mr)
+    registered_pool(
+        provider,
+        slices,
+        &[
+            ("receive", 8192, 64),
+            ("send", 1364, 128),
+            ("data", 1 << 20, 3),
+        ],
+    )
 }
 
 fn connect(

@@ -29,13 +29,13 @@ use common::*;
 
 use smbdirect_dataplane::client::{buffer_descriptor, Client, ClientError};
 use smbdirect_dataplane::provider::soft::SoftProvider;
-use smbdirect_dataplane::provider::{Access, Grant, MemoryRegion, Provider};
+use smbdirect_dataplane::provider::{Access, Grant, Provider};
 use smbdirect_dataplane::smb2::client::{
     IoBuf, MessageId, Smb2Client, Smb2ClientOptions, Smb2Error, Transfer,
 };
 use smbdirect_dataplane::smb2::MAX_INLINE;
 use smbdirect_dataplane::upper::{parse_rdma_done, rdma_echo_request, RDMA_ECHO_INVALIDATE};
-use smbdirect_hugepages::{Backing, BufId, BufferPool, PoolConfig, SizeClass};
+use smbdirect_hugepages::BufId;
 use smbdirect_protocol::ntstatus::STATUS_SUCCESS;
 use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect, FileId};
 use smbdirect_protocol::smbd::{SendError, SmbdConfig};
@@ -142,24 +142,6 @@ impl Noise {
         let off = (Rng(key).next() % NOISE_SPAN as u64) as usize;
         &self.0[off..off + len]
     }
-}
-
-/// A client pool on `provider`: `slices` slices of the given classes.
-fn client_pool(
-    provider: &SoftProvider,
-    slices: usize,
-    classes: &[(&str, usize, u32)],
-) -> (BufferPool, MemoryRegion) {
-    let per_slice: usize = classes.iter().map(|&(_, s, n)| s * n as usize).sum();
-    let mut cfg = PoolConfig::new((per_slice + (2 << 20)) * slices, slices);
-    for &(name, size, n) in classes {
-        cfg = cfg.class(SizeClass::new(name, size).per_slice(n));
-    }
-    let pool = cfg.backing(Backing::SharedMemfd).build().unwrap();
-    // SAFETY: the pool outlives the provider's use of it (the caller keeps
-    // both for the whole test and drops the provider's connections first).
-    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
-    (pool, mr)
 }
 
 fn addr(port: u16) -> SocketAddr {
@@ -396,7 +378,7 @@ fn echo_key(conn: u64, seq: u64) -> u64 {
 /// draining them.
 fn echo_thread(port: u16, first: u64, conns: usize, stop: Arc<AtomicBool>) -> EchoTotals {
     let provider = SoftProvider::new().unwrap();
-    let (pool, mr) = client_pool(
+    let (pool, mr) = registered_pool(
         &provider,
         conns,
         &[
@@ -674,7 +656,7 @@ struct SmbTotals {
 
 fn smb_thread(port: u16, first: u64, conns: usize, stop: Arc<AtomicBool>) -> SmbTotals {
     let provider = SoftProvider::new().unwrap();
-    let (pool, mr) = client_pool(
+    let (pool, mr) = registered_pool(
         &provider,
         conns,
         &[
@@ -1210,7 +1192,7 @@ fn added(then: &[String], now: &[String]) -> Vec<String> {
 
 fn churn_thread(port: u16, thread: u64, cycles: u64) -> ChurnTotals {
     let provider = SoftProvider::new().unwrap();
-    let (pool, mr) = client_pool(
+    let (pool, mr) = registered_pool(
         &provider,
         1,
         &[

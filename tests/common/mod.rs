@@ -201,3 +201,28 @@ pub fn wait_for_stats(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A client-side buffer pool of `slices` slices, each with the `classes`
+/// (name, buffer size, buffers per slice), in shareable memfd memory and
+/// registered with `provider` (the soft provider passes it to the daemon).
+pub fn registered_pool(
+    provider: &smbdirect_dataplane::provider::soft::SoftProvider,
+    slices: usize,
+    classes: &[(&str, usize, u32)],
+) -> (
+    smbdirect_hugepages::BufferPool,
+    smbdirect_dataplane::provider::MemoryRegion,
+) {
+    use smbdirect_dataplane::provider::Provider;
+    use smbdirect_hugepages::{Backing, PoolConfig, SizeClass};
+    let per_slice: usize = classes.iter().map(|&(_, s, n)| s * n as usize).sum();
+    let mut cfg = PoolConfig::new((per_slice + (2 << 20)) * slices, slices);
+    for &(name, size, n) in classes {
+        cfg = cfg.class(SizeClass::new(name, size).per_slice(n));
+    }
+    let pool = cfg.backing(Backing::SharedMemfd).build().unwrap();
+    // SAFETY: the pool outlives the provider's use of it (the caller keeps
+    // both for the whole test and drops the provider's connections first).
+    let mr = unsafe { provider.register_pool(&pool) }.unwrap();
+    (pool, mr)
+}
