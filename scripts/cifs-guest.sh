@@ -284,8 +284,11 @@ test_mode() {
 		echo "during: $(stat_summary)"
 		do_umount && ok "umount vers=$v" || bad "umount vers=$v"
 	done
-	say "mount vers=3.1.1 with signing (sign)"
-	if do_mount 3.1.1 sign; then
+	# wsize=4096: 6.1's cifs.ko sends other bytes than it signed for a
+	# signed inline WRITE of more than one page (docs/linux-client.md);
+	# the server rightly refuses those (STATUS_ACCESS_DENIED)
+	say "mount vers=3.1.1 with signing (sign,wsize=4096)"
+	if do_mount 3.1.1 sign,wsize=4096; then
 		proof
 		grep -iE 'signing|Security type' /proc/fs/cifs/DebugData | head -n 3
 		battery small

@@ -1022,12 +1022,31 @@ impl Core {
                         auth::signing::algorithm_for(d, c.neg.as_ref().and_then(|n| n.signing));
                     let signed = req.flags.contains(HeaderFlags::SIGNED);
                     if signed && !auth::signing::verify(alg, &key, m.bytes()) {
+                        // Linux 6.1's cifs.ko signs the data of a signed
+                        // inline WRITE of more than one page but sends other
+                        // bytes (docs/linux-client.md): say so, since
+                        // the operator's remedy is on the client.
+                        let multi_page_write = matches!(
+                            &body,
+                            RequestBody::Write(wr) if wr.data.len() > 4096
+                        );
                         self.warn_once(
                             Warn::Signature,
                             format_args!(
-                            "conn {}: a request's signature does not verify: STATUS_ACCESS_DENIED",
-                            ex.conn
-                        ),
+                                "conn {}: the signature of a {:?} request (MessageId {}, {} bytes) \
+                                 does not verify: STATUS_ACCESS_DENIED{}",
+                                ex.conn,
+                                req.command,
+                                req.message_id,
+                                m.bytes().len(),
+                                if multi_page_write {
+                                    " (a signed inline WRITE of more than 4 KiB: Linux 6.1 \
+                                     cifs.ko sends other bytes than it signs; mount with \
+                                     wsize=4096)"
+                                } else {
+                                    ""
+                                }
+                            ),
                         );
                         push(
                             w,
