@@ -8,13 +8,14 @@
 #   scripts/cifs-tests.sh --bench    # fio through cifs.ko: ksmbd.ko vs smbdirectd (Markdown table)
 #
 # Host side: builds the modules through the rig if they are missing (~1.5 min,
-# cached in /var/cache/kernel-smbd), builds smbdirectd (release), boots the
+# cached in /var/cache/kernel-smbd), builds smbdirectd (debug; CIFS_PROFILE=release for the optimized one), boots the
 # guest under `flock /tmp/rxe-vm.lock` and runs scripts/cifs-guest.sh in it.
 # Logs, the server's pcap (tshark -r F -2 -Y smb_direct) and the guest's
 # dmesg land in target/cifs-tests/. Without the rigs it says "skipped" and
 # exits 0.
 # env: RXEVM (run-in-rxe-vm.sh), KSMBD_RIG (kernel-smbd directory),
-#      CIFS_TESTS_TIMEOUT (guest time limit, s), CIFS_VERS, FIO_RUNTIME, QOS_IOPS
+#      CIFS_TESTS_TIMEOUT (guest time limit, s), CIFS_VERS, FIO_RUNTIME, QOS_IOPS,
+#      CIFS_PROFILE (debug, the default, or release: which smbdirectd to serve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,15 +41,38 @@ CACHE=${KSMBD_CACHE:-/var/cache/kernel-smbd}
 export KSMBD_CACHE=$CACHE
 
 start=$(date +%s)
+# The guest runs on the host's file system: what cifs-guest.sh uses beyond
+# the rigs' packages (the rig installs cifs-utils, fio and ksmbd-tools).
+missing=()
+for p in jq iproute2 util-linux; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "cifs-tests: installing ${missing[*]}"
+	timeout 600 apt-get -o DPkg::Lock::Timeout=300 update -qq >"$OUT/apt.log" 2>&1 &&
+		DEBIAN_FRONTEND=noninteractive timeout 900 apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+			--no-install-recommends "${missing[@]}" >>"$OUT/apt.log" 2>&1 || {
+		tail -n 20 "$OUT/apt.log"
+		echo "cifs-tests: FAILED: installing ${missing[*]}"
+		exit 1
+	}
+fi
 echo "cifs-tests: modules ($RIG/build-kernel-smbd.sh)"
 nice -n 5 "$RIG/build-kernel-smbd.sh" >"$OUT/build-kernel.log" 2>&1 || {
 	tail -n 20 "$OUT/build-kernel.log"
 	echo "cifs-tests: FAILED: building cifs.ko/ksmbd.ko"
 	exit 1
 }
-echo "cifs-tests: building smbdirectd (release)"
-nice -n 5 cargo build --release --locked --bin smbdirectd 2>&1 | tail -n 3
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/smbdirectd
+# The debug binary by default: `cargo test --workspace` (CI's first step)
+# has built it already, a release build would compile everything again.
+PROFILE=${CIFS_PROFILE:-debug}
+echo "cifs-tests: building smbdirectd ($PROFILE)"
+if [ "$PROFILE" = release ]; then
+	nice -n 5 cargo build --release --locked --bin smbdirectd 2>&1 | tail -n 3
+else
+	nice -n 5 cargo build --locked --bin smbdirectd 2>&1 | tail -n 3
+fi
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE/smbdirectd
 [ -x "$BIN" ] || { echo "cifs-tests: FAILED: $BIN not built"; exit 1; }
 built=$(date +%s)
 echo "cifs-tests: built in $((built - start)) s; booting the rxe VM (mode $MODE)"

@@ -611,7 +611,13 @@ fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
         descriptors: 2,
         invalidate: true,
     };
+    // A failed request with SMB2_CHANNEL_RDMA_V1_INVALIDATE is answered with
+    // a Send with Invalidate of its token too (Linux's cifs.ko counts on it
+    // and re-registers the buffer: on rxe that failed and broke the
+    // connection after every read past the end of a file).
+    let invalidated = c.stats().invalidated;
     assert_eq!(status(c.read(fid, 0, 8192, rdma)), STATUS_END_OF_FILE);
+    assert_eq!(c.stats().invalidated, invalidated + 1, "EOF READ");
 
     // A failed pipelined request gives its buffer back with the status.
     let b = c.alloc_io_buf(IO).unwrap();
@@ -624,6 +630,7 @@ fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
     ));
     let comp = c.wait(id).unwrap();
     assert!(matches!(comp.result, Err(Smb2Error::Status(s)) if s == STATUS_END_OF_FILE));
+    assert_eq!(c.stats().invalidated, invalidated + 2, "pipelined EOF READ");
     assert_eq!(comp.buf, Some(b));
     assert!(c.io_buf(b).is_some());
 
@@ -650,6 +657,16 @@ fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
     c.close(fid).unwrap();
     assert_eq!(status(c.flush(fid)), STATUS_FILE_CLOSED);
     assert_eq!(status(c.close(fid)), STATUS_FILE_CLOSED);
+    assert_eq!(
+        status(c.write(fid, 0, &[7; 8192], rdma)),
+        STATUS_FILE_CLOSED
+    );
+    assert_eq!(status(c.read(fid, 0, 8192, rdma)), STATUS_FILE_CLOSED);
+    assert_eq!(
+        c.stats().invalidated,
+        invalidated + 4,
+        "WRITE and READ on a closed file"
+    );
     // Every grant was released despite the errors; the connection goes on.
     let st = c.stats();
     assert_eq!(st.grants, st.revokes + st.invalidated, "{st:?}");

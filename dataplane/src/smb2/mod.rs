@@ -671,6 +671,23 @@ fn attributes(is_dir: bool) -> FileAttributes {
     }
 }
 
+/// The token a READ or WRITE with SMB2_CHANNEL_RDMA_V1_INVALIDATE asks the
+/// server to invalidate with its response: its first buffer descriptor's
+/// ([MS-SMB2] 3.3.5.12, 3.3.5.13; [MS-SMBD] 3.1.4.1).
+fn invalidate_token(body: &RequestBody<'_>) -> Option<u32> {
+    let (channel, info) = match body {
+        RequestBody::Read(r) => (r.channel, r.channel_info),
+        RequestBody::Write(r) => (r.channel, r.channel_info),
+        _ => return None,
+    };
+    if channel != Channel::RdmaV1Invalidate {
+        return None;
+    }
+    info.as_bytes()
+        .filter(|d| d.len() >= 16)
+        .map(|d| le32(d, 8))
+}
+
 fn le32(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
         .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
@@ -1068,6 +1085,7 @@ impl Core {
             }
         }
         let msg_bytes = m.bytes();
+        let token = invalidate_token(&body);
         match self.handle(
             c, &req, body, ex, w, max_rw, grant, session, tree, last, msg_bytes,
         ) {
@@ -1075,6 +1093,13 @@ impl Core {
             Err(st) => {
                 if st == STATUS_DISK_FULL {
                     self.store_full += 1;
+                }
+                // A failed READ/WRITE with SMB2_CHANNEL_RDMA_V1_INVALIDATE
+                // (STATUS_END_OF_FILE, a closed file, a failed transfer...)
+                // invalidates its buffer too: the client counts on it and
+                // reuses the registration (docs/spec-notes.md).
+                if token.is_some() {
+                    ex.invalidate = token;
                 }
                 push(
                     w,
