@@ -1085,7 +1085,11 @@ impl Core {
             }
         }
         let msg_bytes = m.bytes();
-        let token = invalidate_token(&body);
+        // Not on 3.0, where that channel is itself invalid (3.3.5.12).
+        let token = invalidate_token(&body).filter(|_| {
+            c.dialect
+                .is_some_and(|d| d.is_smb3() && d != Dialect::SMB_3_0)
+        });
         match self.handle(
             c, &req, body, ex, w, max_rw, grant, session, tree, last, msg_bytes,
         ) {
