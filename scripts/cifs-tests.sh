@@ -77,7 +77,7 @@ BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE/smbdirectd
 built=$(date +%s)
 echo "cifs-tests: built in $((built - start)) s; booting the rxe VM (mode $MODE)"
 
-TMO=${CIFS_TESTS_TIMEOUT:-1500}
+TMO=${CIFS_TESTS_TIMEOUT:-1200}
 status=0
 # bash reads a script as it runs it: the guest runs a copy (host /tmp is
 # visible in the guest), so editing the script meanwhile cannot break a run
@@ -85,9 +85,14 @@ GUEST=$(mktemp /tmp/cifs-guest.XXXXXX)
 trap 'rm -f "$GUEST"' EXIT
 cp "$ROOT/scripts/cifs-guest.sh" "$GUEST"
 chmod +x "$GUEST"
-flock /tmp/rxe-vm.lock timeout $((TMO + 120)) "$RXEVM" --timeout "$TMO" -- \
+# the VM's time counts from when the lock is ours (another run may hold it)
+rm -f "$OUT/vm-start"
+flock /tmp/rxe-vm.lock sh -c 'date +%s >"$1"; shift; exec "$@"' _ "$OUT/vm-start" \
+	timeout $((TMO + 120)) "$RXEVM" --timeout "$TMO" -- \
 	"$GUEST" "$BIN" "$MODE" >"$OUT/guest.out" 2>"$OUT/guest.err" || status=$?
 end=$(date +%s)
+vm0=$(cat "$OUT/vm-start" 2>/dev/null || echo "$built")
+[ "$vm0" -gt "$built" ] && echo "cifs-tests: waited $((vm0 - built)) s for /tmp/rxe-vm.lock"
 # the guest's logs come back archived on its stdout
 sed -n '/^=== ARCHIVE BEGIN/,/^=== ARCHIVE END/p' "$OUT/guest.out" | sed '1d;$d' | base64 -d 2>/dev/null |
 	tar -C "$OUT" -xzf - 2>/dev/null || echo "cifs-tests: no log archive from the guest"
@@ -95,9 +100,9 @@ sed '/^=== ARCHIVE BEGIN/,/^=== ARCHIVE END/d' "$OUT/guest.out" >"$OUT/guest.log
 cat "$OUT/guest.log"
 [ -s "$OUT/guest.err" ] && { echo "--- guest stderr (tail)"; tail -n 20 "$OUT/guest.err"; }
 case $status in
-0) echo "cifs-tests: passed (build $((built - start)) s, VM $((end - built)) s; logs in $OUT)" ;;
+0) echo "cifs-tests: passed (build $((built - start)) s, VM $((end - vm0)) s; logs in $OUT)" ;;
 124) echo "cifs-tests: FAILED: the guest timed out after $TMO s (logs in $OUT)" ;;
 125) echo "cifs-tests: FAILED: the VM could not start" ;;
-*) echo "cifs-tests: FAILED (exit $status; build $((built - start)) s, VM $((end - built)) s; logs in $OUT)" ;;
+*) echo "cifs-tests: FAILED (exit $status; build $((built - start)) s, VM $((end - vm0)) s; logs in $OUT)" ;;
 esac
 exit $status
