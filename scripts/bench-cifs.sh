@@ -21,6 +21,7 @@
 # row and exits 0. It boots the guest through scripts/cifs-tests.sh --bench,
 # which takes `flock /tmp/rxe-vm.lock` itself (do not wrap this in flock).
 set -euo pipefail
+here=$PWD
 cd "$(dirname "$0")/.."
 
 pairs=5
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--pairs) pairs=$2; shift 2 ;;
 	--runtime) runtime=$2; shift 2 ;;
-	--from-log) from_log=$2; shift 2 ;;
+	--from-log) from_log=$(cd "$here" && realpath "$2"); shift 2 ;;
 	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench-cifs.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 	esac
@@ -62,7 +63,7 @@ if grep -q '^cifs-tests: skipped' "$log"; then
 	not_run "$(sed -n 's/^cifs-tests: skipped: //p' "$log" | head -n 1)"
 fi
 grep -E '^(bench: |OK: |FAIL: |FATAL: )' "$log" | sed 's/^/bench-cifs: /' >&2
-values=$(grep -E '^bench: pair=[0-9]+ server=(smbdirectd|ksmbd) job=[a-z0-9]+ value=[0-9.]+$' "$log" || true)
+values=$(grep -E '^bench: pair=[0-9]+ server=(smbdirectd|smbdirectd-alt|ksmbd) job=[a-z0-9]+ value=[0-9.]+$' "$log" || true)
 if [ -z "$values" ]; then
 	not_run "no figures: cifs-tests.sh --bench exit $status, logs in $out"
 fi
@@ -79,13 +80,19 @@ value_of() { # PAIR SERVER JOB
 		'$2 == p && $3 == s && $4 == j { sub("value=", "", $5); print $5 }' <<<"$values" | tail -n 1
 }
 
+# BENCH_ALT="serve flags" (env) adds smbdirectd with those flags to every
+# round, and rows for it
+ours=smbdirectd
+grep -q '^bench: pair=[0-9]* server=smbdirectd-alt ' <<<"$values" && ours="smbdirectd smbdirectd-alt"
+alt=$(sed -n 's/^bench-alt: //p' "$log" | head -n 1)
+for srv in $ours; do
 # the guest names its jobs: "bench-job: NAME iops|read_mbs|write_mbs FIO-ARGS"
 while read -r _ job metric args; do
 	case $metric in iops) unit=IOPS ;; *) unit=MB/s ;; esac
 	label="fio $job ($unit)"
 	as=() bs=() ratios=()
 	for ((p = 1; p <= pairs; p++)); do
-		a=$(value_of "$p" smbdirectd "$job")
+		a=$(value_of "$p" "$srv" "$job")
 		b=$(value_of "$p" ksmbd "$job")
 		[ -n "$a" ] && as+=("$a")
 		[ -n "$b" ] && bs+=("$b")
@@ -103,5 +110,8 @@ while read -r _ job metric args; do
 		verdict=$(awk -v r="$mr" 'BEGIN { print (r >= 1 ? "MET" : "MISSED") }')
 		mr=$(printf '%.3f' "$mr")
 	fi
-	echo "| cifs.ko -o rdma (rxe guest), $label: smbdirectd vs ksmbd.ko | \`smbdirectd serve --provider verbs\`, fio \`$args --direct=1 --ioengine=libaio --runtime=$runtime\` | $ma | \`ksmbd.ko\` (same mount options and files) | $mb | $mr | >= 1 | $verdict | ${ratios[*]:-none}$note |"
+	flags=""
+	[ "$srv" = smbdirectd-alt ] && flags=" $alt"
+	echo "| cifs.ko -o rdma (rxe guest), $label: $srv vs ksmbd.ko | \`smbdirectd serve --provider verbs$flags\`, fio \`$args --direct=1 --ioengine=libaio --runtime=$runtime\` | $ma | \`ksmbd.ko\` (same mount options and files) | $mb | $mr | >= 1 | $verdict | ${ratios[*]:-none}$note |"
 done < <(grep -E '^bench-job: ' "$log" | awk '!seen[$2]++')
+done

@@ -35,7 +35,7 @@ STORE=/srv/cifsstore MNT=/mnt/cifs LOG=/tmp/cifs-guest.$$
 VERSIONS=${CIFS_VERS:-3.0 3.0.2 3.1.1}
 FIO_RUNTIME=${FIO_RUNTIME:-10}
 QOS_IOPS=${QOS_IOPS:-1000}
-QOS_JOBS=${QOS_JOBS:-4} QOS_QD=${QOS_QD:-16} QOS_RUNTIME=${QOS_RUNTIME:-6}
+QOS_JOBS=${QOS_JOBS:-1} QOS_QD=${QOS_QD:-16} QOS_RUNTIME=${QOS_RUNTIME:-6}
 BENCH_PAIRS=${BENCH_PAIRS:-5} BENCH_RUNTIME=${BENCH_RUNTIME:-5}
 # smbdirectd listens here; 445 in --bench mode is ksmbd's (cifs tries 5445 first)
 SRV_PORT=445
@@ -360,11 +360,12 @@ fio_metric() {
 
 # Share default policy (--share data:policy=GUID): fio 4 KiB random reads
 # (QOS_JOBS jobs, each on its own file, QD QOS_QD) through the cifs mount,
-# first with no policy, then under an aggregated policy of QOS_IOPS
-# normalized IOPS (a 4 KiB read counts 1): each Open of the share is a flow
-# and an aggregated policy's limit is shared by all of them, so it bounds
-# the total. A limit the unlimited run does not clearly exceed shows
-# nothing: then the run is repeated at 40 % of the unlimited rate as well.
+# first with no policy, then under a policy of QOS_IOPS normalized IOPS (a
+# 4 KiB read counts 1). Each Open of the share is a flow: with one job the
+# policy is dedicated (the job's Open gets the limit), with several it is
+# aggregated (their Opens share it), so either way it bounds fio's total.
+# A limit the unlimited run does not clearly exceed shows nothing: then the
+# run is repeated at 40 % of the unlimited rate as well.
 qos_mode() {
 	mkdir -p "$MNT"
 	prepare_store
@@ -403,8 +404,10 @@ qos_mode() {
 	fi
 	for limit in "${limits[@]}"; do
 		[ "$limit" -gt 0 ] || continue
-		printf '[[policy]]\nid = "%s"\ntype = "aggregated"\nmax_iops = %s\n' "$QOS_POLICY" "$limit" >"$LOG/qos-$limit.toml"
-		say "fio randread 4k, $QOS_JOBS jobs x QD $QOS_QD, share default policy: aggregated, $limit IOPS"
+		local type=dedicated
+		[ "$QOS_JOBS" -gt 1 ] && type=aggregated
+		printf '[[policy]]\nid = "%s"\ntype = "%s"\nmax_iops = %s\n' "$QOS_POLICY" "$type" "$limit" >"$LOG/qos-$limit.toml"
+		say "fio randread 4k, $QOS_JOBS jobs x QD $QOS_QD, share default policy: $type, $limit IOPS"
 		qos_run "limit$limit" --share "data:policy=$QOS_POLICY" --policy-file "$LOG/qos-$limit.toml" || continue
 		iops=${got[limit$limit]}
 		local cap=$((limit * 103 / 100))
@@ -467,12 +470,15 @@ start_ksmbd() {
 	EOF
 	timeout 30 ksmbd.adduser -a "$USER_" -p "$PASS_" >/dev/null || die "ksmbd.adduser"
 	timeout 30 ksmbd.mountd || die "ksmbd.mountd"
+	# the RDMA listener appears when mountd hands the config to the kernel
+	local cm
 	for ((i = 0; i < 100; i++)); do
-		dmesg | grep -q 'init RDMA listener' && break
+		cm=$(timeout 10 rdma res show cm_id 2>&1)
+		grep -q 'LISTEN.*:445' <<<"$cm" && break
 		sleep 0.2
 	done
-	dmesg | grep -iE 'ksmbd.*(listener|rdma)' | tail -n 3
-	echo "rdma_cm ids: $(timeout 10 rdma res show cm_id 2>&1 | tr '\n' ';')"
+	grep -q 'LISTEN.*:445' <<<"$cm" || die "ksmbd has no RDMA listener on 445: $cm"
+	echo "ksmbd: $cm"
 }
 
 # fio through the same cifs.ko mount (vers=3.1.1, unsigned, -o rdma) against
@@ -487,37 +493,59 @@ BENCH_JOBS=(
 	"sr1m r.dat read_mbs --rw=read --bs=1m --iodepth=4"
 	"sw1m w.dat write_mbs --rw=write --bs=1m --iodepth=4"
 )
+# "busy idle smbdirectd" clock ticks: the guest's CPUs (all but idle and
+# iowait), their idle, and the smbdirectd process (0 when not running)
+cpu_ticks() {
+	local busy idle srv=0
+	read -r busy idle < <(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat)
+	[ -n "$SRV_PID" ] && [ -r "/proc/$SRV_PID/stat" ] &&
+		srv=$(sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print $12 + $13 }')
+	echo "$busy $idle $srv"
+}
+cpu_delta() { # "BEFORE" "AFTER" -> seconds
+	awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { split(a, x); split(b, y)
+		printf "guest_busy_s=%.1f guest_idle_s=%.1f smbdirectd_cpu_s=%.1f", (y[1] - x[1]) / hz, (y[2] - x[2]) / hz, (y[3] - x[3]) / hz }'
+}
 bench_mode() {
 	SRV_PORT=5445
 	mkdir -p "$MNT"
 	start_ksmbd
-	head -c $((64 << 20)) /dev/urandom >"$STORE/r.dat"
+	head -c $((64 << 20)) /dev/zero >"$STORE/r.dat"
 	head -c $((64 << 20)) /dev/zero >"$STORE/w.dat"
-	local p srv spec name file metric args v sessions
+	local p srv spec name file metric args v sessions c0
 	for spec in "${BENCH_JOBS[@]}"; do
 		read -r name file metric args <<<"$spec"
 		echo "bench-job: $name $metric $args"
 	done
+	# BENCH_ALT="serve flags": a third server in every round, smbdirectd
+	# with those flags ("smbdirectd-alt"), to compare a setting in one boot
+	local servers="smbdirectd ksmbd"
+	[ -n "${BENCH_ALT:-}" ] && servers="smbdirectd smbdirectd-alt ksmbd" && echo "bench-alt: $BENCH_ALT"
 	for ((p = 1; p <= BENCH_PAIRS; p++)); do
-		for srv in smbdirectd ksmbd; do
+		for srv in $servers; do
 			say "pair $p/$BENCH_PAIRS: $srv"
-			[ $srv = smbdirectd ] && start_server
+			# shellcheck disable=SC2086
+			case $srv in
+			smbdirectd) start_server ;;
+			smbdirectd-alt) start_server $BENCH_ALT ;;
+			esac
 			if ! do_mount 3.1.1 ""; then
 				bad "mount ($srv, pair $p)"
-				[ $srv = smbdirectd ] && stop_server
+				stop_server
 				continue
 			fi
 			if [ $p = 1 ]; then
 				grep -q 'SMBDirect (in hex) protocol version' /proc/fs/cifs/DebugData &&
 					ok "$srv: the mount's transport is SMB Direct" || bad "$srv: no SMBDirect transport"
 			fi
-			if [ $srv = smbdirectd ]; then
+			if [ -n "$SRV_PID" ]; then
 				# the mount must have reached smbdirectd (5445), not ksmbd
 				sessions=$(stats | jq .sessions 2>/dev/null)
 				[ "${sessions:-0}" -ge 1 ] || bad "the mount did not reach smbdirectd (sessions ${sessions:-?})"
 			fi
 			for spec in "${BENCH_JOBS[@]}"; do
 				read -r name file metric args <<<"$spec"
+				c0=$(cpu_ticks)
 				# shellcheck disable=SC2086
 				if fio_run "$name" "$LOG/bench-$p-$srv-$name.json" "$BENCH_RUNTIME" --filename="$MNT/$file" \
 					--size=64M --ramp_time=1 $args; then
@@ -527,13 +555,15 @@ bench_mode() {
 					v=0
 				fi
 				echo "bench: pair=$p server=$srv job=$name value=${v:-0}"
+				# where the guest's CPU went during the fio run (ramp and start-up included)
+				echo "bench-cpu: pair=$p server=$srv job=$name $(cpu_delta "$c0" "$(cpu_ticks)")"
 			done
-			[ $srv = smbdirectd ] && stats >"$LOG/bench-stats-$p.json"
+			[ -n "$SRV_PID" ] && stats >"$LOG/bench-stats-$p-$srv.json"
 			do_umount || bad "umount ($srv, pair $p)"
-			[ $srv = smbdirectd ] && stop_server
+			stop_server
 		done
 	done
-	[ -s "$LOG/bench-stats-1.json" ] && jq -c '.total' "$LOG/bench-stats-1.json"
+	[ -s "$LOG/bench-stats-1-smbdirectd.json" ] && jq -c '.total' "$LOG/bench-stats-1-smbdirectd.json"
 	timeout 30 ksmbd.control -s >/dev/null 2>&1
 }
 
