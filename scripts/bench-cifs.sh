@@ -11,11 +11,11 @@
 #   scripts/cifs-guest.sh; the guest prints it).
 # Prints one Markdown row per job in bench.sh's table shape: medians of each
 # side and the median of the per-pair ratios smbdirectd / ksmbd (goal >= 1).
-# Progress and the guest's log go to stderr and target/cifs-tests/.
+# Progress and the guest's log go to stderr and target/cifs-tests-bench/.
 #
 #   scripts/bench-cifs.sh --pairs 5            # ~9 min on the 2-core host (TCG guest)
 #   scripts/bench-cifs.sh --pairs 5 --runtime 5
-#   scripts/bench-cifs.sh --pairs 5 --from-log target/cifs-tests/bench-cifs.log   # rows of an earlier run
+#   scripts/bench-cifs.sh --pairs 5 --from-log target/cifs-tests-bench/bench-cifs.log   # rows of an earlier run
 #
 # Without root, the rxe-vm or the kernel-smbd rig it prints one "not run"
 # row and exits 0. It boots the guest through scripts/cifs-tests.sh --bench,
@@ -39,7 +39,7 @@ done
 [[ "$pairs" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cifs.sh: --pairs $pairs: want a positive count" >&2; exit 2; }
 [[ "$runtime" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cifs.sh: --runtime $runtime: want whole seconds" >&2; exit 2; }
 
-out=target/cifs-tests
+out=target/cifs-tests-bench
 mkdir -p "$out"
 log=$out/bench-cifs.log
 not_run() {

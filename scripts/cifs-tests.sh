@@ -11,7 +11,7 @@
 # cached in /var/cache/kernel-smbd), builds smbdirectd (release), boots the
 # guest under `flock /tmp/rxe-vm.lock` and runs scripts/cifs-guest.sh in it.
 # Logs, the server's pcap (tshark -r F -2 -Y smb_direct) and the guest's
-# dmesg land in target/cifs-tests/. Without the rigs it says "skipped" and
+# dmesg land in target/cifs-tests/ (target/cifs-tests-qos/, -bench/). Without the rigs it says "skipped" and
 # exits 0.
 # env: RXEVM (run-in-rxe-vm.sh), KSMBD_RIG (kernel-smbd directory),
 #      CIFS_TESTS_TIMEOUT (guest time limit, s), CIFS_VERS, FIO_RUNTIME, QOS_IOPS
@@ -34,7 +34,9 @@ if [ "$(id -u)" != 0 ]; then
 	echo "cifs-tests: skipped: needs root (the rig installs packages and boots the guest)"
 	exit 0
 fi
+# one directory per mode: a queued run must not write into a running one's
 OUT=$ROOT/target/cifs-tests
+[ "$MODE" = --test ] || OUT=$OUT-${MODE#--}
 mkdir -p "$OUT"
 CACHE=${KSMBD_CACHE:-/var/cache/kernel-smbd}
 export KSMBD_CACHE=$CACHE

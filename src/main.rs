@@ -172,9 +172,8 @@ struct ServeArgs {
     idle_park_us: u64,
     /// Longest nap of an idle worker, microseconds: naps start at 50 and
     /// double while nothing happens, up to this (default 50: fixed naps).
-    /// Larger values cost that much wake-up latency after a quiet spell and
-    /// leave shared or virtual CPUs to their other users (the Soft-RoCE
-    /// guest's cifs benchmark uses 1000).
+    /// Larger values cost up to that much wake-up latency after a quiet
+    /// spell and leave shared or virtual CPUs to their other users.
     #[arg(long, default_value_t = 50)]
     idle_nap_max_us: u64,
     /// Upper layer handed each reassembled message: `smb2` (SMB2 over SMB
