@@ -170,12 +170,6 @@ struct ServeArgs {
     /// set it small).
     #[arg(long, default_value_t = 10_000)]
     idle_park_us: u64,
-    /// Longest nap of an idle worker, microseconds: naps start at 50 and
-    /// double while nothing happens, up to this (default 50: fixed naps).
-    /// Larger values cost up to that much wake-up latency after a quiet
-    /// spell and leave shared or virtual CPUs to their other users.
-    #[arg(long, default_value_t = 50)]
-    idle_nap_max_us: u64,
     /// Upper layer handed each reassembled message: `smb2` (SMB2 over SMB
     /// Direct with Storage QoS; sessions are anonymous/guest only — no
     /// authentication yet) or `echo` (transport benchmark server, also RDMA
@@ -435,7 +429,6 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_connections: a.max_connections,
         pool_mem,
         idle_park: Duration::from_micros(a.idle_park_us),
-        idle_nap_max: Some(Duration::from_micros(a.idle_nap_max_us)),
         admin_socket: Some(
             a.admin_socket
                 .clone()

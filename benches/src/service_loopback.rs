@@ -67,7 +67,6 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         max_connections: 4,
         pool_mem: 96 << 20,
         idle_park: opts.idle_park,
-        idle_nap_max: None,
         admin_socket: None,
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),

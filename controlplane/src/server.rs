@@ -15,7 +15,7 @@ use smbdirect_dataplane::provider::{
     CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, ProviderError, QpCaps, RecvWr,
 };
 use smbdirect_dataplane::upper::UpperLayer;
-use smbdirect_dataplane::worker::{Worker, WorkerConfig, IDLE_NAP};
+use smbdirect_dataplane::worker::{Worker, WorkerConfig};
 use smbdirect_hugepages::{Backing, BufId, PoolConfig};
 use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, NegotiateDecision};
 use smbdirect_protocol::smbd::{SmbdConfig, TerminateReason};
@@ -44,11 +44,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Buffer pool budget in bytes.
     pub pool_mem: usize,
-    /// Worker idle policy: busy-poll this long without work, then nap.
+    /// Worker idle policy.
     pub idle_park: Duration,
-    /// Longest worker nap (naps double while idle); None: fixed naps of
-    /// [`smbdirect_dataplane::worker::IDLE_NAP`].
-    pub idle_nap_max: Option<Duration>,
     /// Admin socket path (None: no admin socket).
     pub admin_socket: Option<PathBuf>,
     /// Print a stats line this often.
@@ -240,7 +237,6 @@ pub fn start<P: Provider, U: UpperLayer>(
                 core: *core,
                 smbd: cfg.smbd.clone(),
                 idle_park: cfg.idle_park,
-                idle_nap_max: cfg.idle_nap_max.unwrap_or(IDLE_NAP),
                 max_connections: per_worker,
                 shutdown_grace: cfg.shutdown_grace,
                 send_depth: caps.max_send_wr,

@@ -25,7 +25,6 @@ fn server_config(port: u16) -> ServerConfig {
         max_connections: 8,
         pool_mem: 96 << 20,
         idle_park: Duration::from_micros(200),
-        idle_nap_max: None,
         admin_socket: None,
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),

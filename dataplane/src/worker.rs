@@ -16,10 +16,7 @@
 //!
 //! Idle policy: busy-poll, and only after `idle_park` without work park in
 //! short naps (so several processes can share a couple of cores in tests);
-//! any completion or ring message returns it to busy-polling at once. Naps
-//! start at [`IDLE_NAP`] and, while nothing happens, double up to
-//! `idle_nap_max` (default: no growth): on shared or virtual CPUs a waking
-//! worker costs its neighbours more than the latency a longer nap adds.
+//! any completion or ring message returns it to busy-polling at once.
 
 use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{Delivery, Endpoint, EndpointError, Event, RDMA_OPS_PER_CONNECTION};
@@ -40,8 +37,6 @@ use std::time::{Duration, Instant};
 
 /// Completions taken per poll.
 pub const POLL_BATCH: usize = 32;
-/// The first (and by default every) nap of an idle worker.
-pub const IDLE_NAP: Duration = Duration::from_micros(50);
 /// Replies an upper layer may queue per message.
 const MAX_REPLIES: usize = 4;
 
@@ -56,9 +51,6 @@ pub struct WorkerConfig {
     pub smbd: SmbdConfig,
     /// Busy-poll this long without work before napping.
     pub idle_park: Duration,
-    /// Longest nap: idle naps double from [`IDLE_NAP`] up to this (at most
-    /// [`IDLE_NAP`]: fixed naps).
-    pub idle_nap_max: Duration,
     /// Most connections this worker holds.
     pub max_connections: usize,
     /// After Shutdown, how long in-flight work may take before everything is
@@ -240,7 +232,6 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let mut wcs = [Completion::EMPTY; POLL_BATCH];
         let mut last_work = Instant::now();
         let mut last_timer_scan = Instant::now();
-        let mut nap = IDLE_NAP;
         loop {
             let tick = Instant::now();
             self.loop_now =
@@ -291,11 +282,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             if work {
                 last_work = tick;
-                nap = IDLE_NAP;
                 WorkerStats::add(&self.stats.busy_polls, 1);
             } else if tick.duration_since(last_work) >= self.cfg.idle_park {
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(self.cfg.idle_nap_max).max(IDLE_NAP);
+                std::thread::sleep(Duration::from_micros(50));
             } else {
                 std::hint::spin_loop();
             }
