@@ -13,7 +13,7 @@
 # side and the median of the per-pair ratios smbdirectd / ksmbd (goal >= 1).
 # Progress and the guest's log go to stderr and target/cifs-tests-bench/.
 #
-#   scripts/bench-cifs.sh --pairs 5            # ~9 min on the 2-core host (TCG guest)
+#   scripts/bench-cifs.sh --pairs 5            # ~15 min on the loaded 2-core host (TCG guest)
 #   scripts/bench-cifs.sh --pairs 5 --runtime 5
 #   scripts/bench-cifs.sh --pairs 5 --from-log target/cifs-tests-bench/bench-cifs.log   # rows of an earlier run
 #

@@ -33,7 +33,7 @@
 #      fio jobs through the same cifs.ko mount against smbdirectd and
 #      ksmbd.ko, alternated; rows are ratios smbdirectd / ksmbd.ko (target
 #      >= 1). "not run" when the guest or the kernel-smbd rig is missing,
-#      skipped with --no-cifs. It adds ~10 min (TCG guest) at 5 pairs.
+#      skipped with --no-cifs. It adds ~15 min (TCG guest) at 5 pairs.
 #
 # --rxe-vm: the verbs rows instead, inside the Soft-RoCE guest of
 # ../shared/rxe-vm (booted under `flock /tmp/rxe-vm.lock`: one VM at a
