@@ -33,7 +33,6 @@ IP=${RXE_IP:-10.0.2.15}
 USER_=smbtest PASS_=Cifs-Test-pw1
 STORE=/srv/cifsstore MNT=/mnt/cifs LOG=/tmp/cifs-guest.$$
 VERSIONS=${CIFS_VERS:-3.0 3.0.2 3.1.1}
-FIO_RUNTIME=${FIO_RUNTIME:-10}
 QOS_IOPS=${QOS_IOPS:-1000}
 QOS_JOBS=${QOS_JOBS:-1} QOS_QD=${QOS_QD:-16} QOS_RUNTIME=${QOS_RUNTIME:-6}
 BENCH_PAIRS=${BENCH_PAIRS:-5} BENCH_RUNTIME=${BENCH_RUNTIME:-5}
@@ -105,10 +104,8 @@ start_server() { # extra serve flags...
 	local capture=()
 	[ "$MODE" = --test ] && capture=(--capture "$LOG/server$n.pcap")
 	# rxe0 allows CQs of up to 32767 entries: a few connections only
-	# shellcheck disable=SC2086
 	"$BIN" serve --provider verbs --listen "$IP:$SRV_PORT" --cores 1 --max-connections 8 --pool-mem 128M \
-		--idle-park-us "${SRV_IDLE_PARK_US:-200}" --store "$STORE" --users "$LOG/users" "${capture[@]}" \
-		--stats-interval 0 ${SRV_EXTRA:-} "$@" \
+		--idle-park-us 200 --store "$STORE" --users "$LOG/users" "${capture[@]}" --stats-interval 0 "$@" \
 		> >(tee "$LOG/server$n.log" | sed 's/^/server: /' >&2) 2>&1 &
 	SRV_PID=$!
 	for ((i = 0; i < 300; i++)); do
