@@ -29,8 +29,11 @@
 #      limit with --ignore-limit (the server's enforcement) alternated with
 #      the client's own initiation limit ([MS-SQOS] 3.1.7.1).
 #   6. cifs (Linux kernel SMB client over RDMA) fio rows: the hook
-#      scripts/bench-cifs.sh (another helper's) prints Markdown rows; skipped
-#      with a note when it is absent or --no-cifs is given.
+#      scripts/bench-cifs.sh boots the Soft-RoCE guest once and runs the same
+#      fio jobs through the same cifs.ko mount against smbdirectd and
+#      ksmbd.ko, alternated; rows are ratios smbdirectd / ksmbd.ko (target
+#      >= 1). "not run" when the guest or the kernel-smbd rig is missing,
+#      skipped with --no-cifs. It adds ~15 min (TCG guest) at 5 pairs.
 #
 # --rxe-vm: the verbs rows instead, inside the Soft-RoCE guest of
 # ../shared/rxe-vm (booted under `flock /tmp/rxe-vm.lock`: one VM at a
@@ -40,7 +43,8 @@
 # ours is a round trip, so the ratio is (our p50 / 2) / perftest's
 # t_typical (its median). `read` (the server RDMA-Writes the data, then
 # Sends the response) is compared with ib_write_lat, `write` (the server
-# RDMA-Reads it) with ib_read_lat. Target: send <= 1.1.
+# RDMA-Reads it) with ib_read_lat. Target: send <= 1.1. Then (unless
+# --no-cifs) a second table: the cifs rows of 6., from a second guest boot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -260,9 +264,20 @@ if [ "$rxe_vm" = 1 ]; then
 	fi
 	guest_args=(--in-rxe-guest --no-build --bin "$bin" --pairs "$pairs" --iterations "$iterations" --warmup "$warmup")
 	[ -n "$out" ] && guest_args+=(--out "$out")
-	# One VM at a time on this machine.
-	exec flock /tmp/rxe-vm.lock "$RXEVM" --timeout "${RXE_BENCH_TIMEOUT:-1800}" -- \
+	# One VM at a time on this machine (the lock is released when the
+	# guest stops; the cifs hook takes it again for its own boot).
+	flock /tmp/rxe-vm.lock "$RXEVM" --timeout "${RXE_BENCH_TIMEOUT:-1800}" -- \
 		"$PWD/scripts/bench.sh" "${guest_args[@]}"
+	if [ "$cifs" = 1 ] && [ -x scripts/bench-cifs.sh ]; then
+		echo
+		while IFS= read -r line; do rows+=("$line"); done < <(scripts/bench-cifs.sh --pairs "$pairs")
+		[ -n "$out" ] && { cat "$out"; echo; } >"$tmp/verbs.md" 2>/dev/null
+		print_table "cifs.ko over SMB Direct in the rxe-vm guest: smbdirectd vs ksmbd.ko" \
+			"started $started, commit $rev, one guest boot (TCG), same cifs.ko, mount options and files, $pairs pairs alternating smbdirectd / ksmbd.ko; ratio = median of per-pair ratios smbdirectd / ksmbd.ko (scripts/bench-cifs.sh)"
+		# --out gets both tables
+		[ -s "$tmp/verbs.md" ] && cat "$tmp/verbs.md" "$out" >"$tmp/both.md" && cp "$tmp/both.md" "$out"
+	fi
+	exit 0
 fi
 
 pair "SMBD send vs raw provider, 512 B, p50 round trip (us)" p50 "<=" 1.15 \

@@ -9,8 +9,11 @@
 #                              transport proof, stats back to baseline,
 #                              wrong password refused
 #   cifs-guest.sh BIN --qos    share default policy of QOS_IOPS: fio randread
-#                              with and without it
-#   cifs-guest.sh BIN --bench  fio through the same cifs.ko, ksmbd.ko vs smbdirectd
+#                              with and without it (and at 40 % of the
+#                              unlimited rate when that is not above QOS_IOPS)
+#   cifs-guest.sh BIN --bench  fio through the same cifs.ko, ksmbd.ko vs
+#                              smbdirectd, alternated for BENCH_PAIRS pairs;
+#                              prints "bench: pair=P server=S job=J value=V"
 #
 # Every step that can block runs under `timeout` (a failed cifs mount can
 # leave cifsd threads hung in smbd_destroy() on 6.1). Logs, the server's
@@ -30,8 +33,11 @@ IP=${RXE_IP:-10.0.2.15}
 USER_=smbtest PASS_=Cifs-Test-pw1
 STORE=/srv/cifsstore MNT=/mnt/cifs LOG=/tmp/cifs-guest.$$
 VERSIONS=${CIFS_VERS:-3.0 3.0.2 3.1.1}
-FIO_RUNTIME=${FIO_RUNTIME:-10}
 QOS_IOPS=${QOS_IOPS:-1000}
+QOS_JOBS=${QOS_JOBS:-1} QOS_QD=${QOS_QD:-16} QOS_RUNTIME=${QOS_RUNTIME:-6}
+BENCH_PAIRS=${BENCH_PAIRS:-5} BENCH_RUNTIME=${BENCH_RUNTIME:-5}
+# smbdirectd listens here; 445 in --bench mode is ksmbd's (cifs tries 5445 first)
+SRV_PORT=445
 QOS_POLICY=8d7f0c7e-2f9b-4c58-9a35-1d3c5e6f7a81
 FAILS=0 SRV_PID=
 mkdir -p "$LOG"
@@ -76,22 +82,31 @@ load_modules() {
 		timeout 60 "$BB" insmod "$CACHE/ksmbd.ko" || die "insmod ksmbd.ko"
 	fi
 	timeout 60 "$BB" insmod "$CACHE/cifs.ko" || die "insmod cifs.ko"
-	# cifs FYI debug: every SMB2 command and status goes to dmesg
-	[ "${CIFS_FYI:-1}" = 1 ] && echo 1 >/proc/fs/cifs/cifsFYI
+	# cifs FYI debug: every SMB2 command and status goes to dmesg (a printk
+	# per request: off by default where fio measures)
+	local fyi=1
+	[ "$MODE" = --test ] || fyi=0
+	[ "${CIFS_FYI:-$fyi}" = 1 ] && echo 1 >/proc/fs/cifs/cifsFYI
 }
 
 # ------------------------------------------------------------- smbdirectd
-start_server() { # extra serve flags...
+prepare_store() {
 	mkdir -p "$STORE"
-	[ "$(cat /proc/sys/vm/nr_hugepages)" -ge 64 ] || echo 64 >/proc/sys/vm/nr_hugepages
 	mountpoint -q "$STORE" || timeout 30 mount -t tmpfs -o size=600m,mode=0777 cifsstore "$STORE" || die tmpfs
+}
+start_server() { # extra serve flags...
+	prepare_store
+	[ "$(cat /proc/sys/vm/nr_hugepages)" -ge 64 ] || echo 64 >/proc/sys/vm/nr_hugepages
 	[ -s "$LOG/users" ] || printf '%s\n' "$PASS_" | timeout 30 "$BIN" user add "$USER_" --users "$LOG/users" >/dev/null ||
 		die "smbdirectd user add"
 	local n=${SRV_RUN:-0}
 	SRV_RUN=$((n + 1))
+	# a capture costs a copy per message: only where nothing is measured
+	local capture=()
+	[ "$MODE" = --test ] && capture=(--capture "$LOG/server$n.pcap")
 	# rxe0 allows CQs of up to 32767 entries: a few connections only
-	"$BIN" serve --provider verbs --listen "$IP:445" --cores 1 --max-connections 8 --pool-mem 128M --idle-park-us 200 \
-		--store "$STORE" --users "$LOG/users" --capture "$LOG/server$n.pcap" --stats-interval 0 "$@" \
+	"$BIN" serve --provider verbs --listen "$IP:$SRV_PORT" --cores 1 --max-connections 8 --pool-mem 128M \
+		--idle-park-us 200 --store "$STORE" --users "$LOG/users" "${capture[@]}" --stats-interval 0 "$@" \
 		> >(tee "$LOG/server$n.log" | sed 's/^/server: /' >&2) 2>&1 &
 	SRV_PID=$!
 	for ((i = 0; i < 300; i++)); do
@@ -110,7 +125,7 @@ stop_server() {
 	wait "$SRV_PID" 2>/dev/null
 	SRV_PID=
 }
-stats() { timeout 20 "$BIN" stats --json --port 445; }
+stats() { timeout 20 "$BIN" stats --json --port "$SRV_PORT"; }
 # sessions opens grants_live and, per pool class, free buffers
 stat_summary() {
 	stats | jq -c '{sessions, opens, provider_counters,
@@ -347,43 +362,232 @@ test_mode() {
 	stats >"$LOG/stats-final.json"
 }
 
+# fio_run NAME OUT.json ARGS...: one bounded fio run (O_DIRECT, libaio,
+# time-based, group reporting); prints nothing, returns fio's status.
+fio_run() {
+	local name=$1 out=$2 rt=$3
+	shift 3
+	timeout $((rt + 150)) fio --name="$name" --direct=1 --ioengine=libaio --time_based --runtime="$rt" \
+		--group_reporting --output-format=json "$@" >"$out" 2>"${out%.json}.err"
+}
+# fio_metric OUT.json iops|read_mbs|write_mbs
+fio_metric() {
+	case $2 in
+	iops) jq '.jobs[0].read.iops + .jobs[0].write.iops | floor' "$1" 2>/dev/null ;;
+	read_mbs) jq '.jobs[0].read.bw * 1024 / 1000000 * 100 | floor / 100' "$1" 2>/dev/null ;;
+	write_mbs) jq '.jobs[0].write.bw * 1024 / 1000000 * 100 | floor / 100' "$1" 2>/dev/null ;;
+	esac
+}
+
 # Share default policy (--share data:policy=GUID): fio 4 KiB random reads
-# through the cifs mount, first with no policy, then under a dedicated
-# policy of QOS_IOPS normalized IOPS (a 4 KiB read counts 1).
+# (QOS_JOBS jobs, each on its own file, QD QOS_QD) through the cifs mount,
+# first with no policy, then under a policy of QOS_IOPS normalized IOPS (a
+# 4 KiB read counts 1). Each Open of the share is a flow: with one job the
+# policy is dedicated (the job's Open gets the limit), with several it is
+# aggregated (their Opens share it), so either way it bounds fio's total.
+# A limit the unlimited run does not clearly exceed shows nothing: then the
+# run is repeated at 40 % of the unlimited rate as well.
 qos_mode() {
-	printf '[[policy]]\nid = "%s"\ntype = "dedicated"\nmax_iops = %s\n' "$QOS_POLICY" "$QOS_IOPS" >"$LOG/qos.toml"
 	mkdir -p "$MNT"
-	local run iops unlimited=
-	for run in unlimited limited; do
-		say "fio randread 4k QD16, $run"
-		if [ $run = unlimited ]; then
-			start_server
-		else
-			start_server --share "data:policy=$QOS_POLICY" --policy-file "$LOG/qos.toml"
-		fi
+	prepare_store
+	local j
+	for ((j = 0; j < QOS_JOBS; j++)); do
+		head -c $((16 << 20)) /dev/zero >"$STORE/q.$j"
+	done
+	local -A got=()
+	local unlimited=0 limits=("$QOS_IOPS") run limit iops
+	qos_run() { # name [serve flags...]
+		local name=$1
+		shift
+		start_server "$@"
 		if ! do_mount 3.1.1 ""; then
-			bad "mount ($run)"
+			bad "mount ($name)"
 			stop_server
-			continue
+			return 1
 		fi
-		[ -s "$STORE/f64" ] || timeout 300 dd if=/dev/zero of="$MNT/f64" bs=1M count=64 oflag=direct status=none
-		timeout $((FIO_RUNTIME + 120)) fio --name="$run" --filename="$MNT/f64" --rw=randread --bs=4k --direct=1 \
-			--ioengine=libaio --iodepth=16 --numjobs=1 --size=64M --runtime="$FIO_RUNTIME" --time_based \
-			--output-format=json >"$LOG/fio-$run.json" 2>"$LOG/fio-$run.err" || bad "fio ($run)"
-		iops=$(jq '.jobs[0].read.iops | floor' "$LOG/fio-$run.json" 2>/dev/null)
-		echo "qos: $run: ${iops:-?} IOPS"
-		[ $run = unlimited ] && unlimited=${iops:-0}
+		# each job opens its own file: one Open, one flow each
+		fio_run "qos-$name" "$LOG/fio-$name.json" "$QOS_RUNTIME" --filename_format="$MNT/q.\$jobnum" \
+			--rw=randread --bs=4k --iodepth="$QOS_QD" --numjobs="$QOS_JOBS" --size=16M --ramp_time=1 ||
+			bad "fio ($name)"
+		[ $# -gt 0 ] && timeout 20 "$BIN" qos flows --port "$SRV_PORT" 2>&1 | head -n $((QOS_JOBS + 3))
+		iops=$(fio_metric "$LOG/fio-$name.json" iops)
+		echo "qos: $name: ${iops:-?} IOPS (fio randread 4k, $QOS_JOBS jobs x QD $QOS_QD, ${QOS_RUNTIME} s)"
+		got[$name]=${iops:-0}
 		do_umount
 		stop_server
-	done
-	local cap=$((QOS_IOPS * 103 / 100))
-	if [ -n "${iops:-}" ] && [ "$iops" -le "$cap" ]; then
-		ok "limited to $iops IOPS <= $QOS_IOPS + 3 % ($cap); unlimited $unlimited IOPS"
-	else
-		bad "limited run: ${iops:-?} IOPS, cap $cap; unlimited $unlimited IOPS"
+	}
+	say "fio randread 4k, $QOS_JOBS jobs x QD $QOS_QD, no policy"
+	qos_run unlimited
+	unlimited=${got[unlimited]}
+	if [ "$unlimited" -le $((QOS_IOPS * 12 / 10)) ]; then
+		echo "NOTE: unlimited ($unlimited IOPS) is not clearly above $QOS_IOPS: a limit of $QOS_IOPS cannot show enforcement here; also limiting to 40 % of it"
+		limits+=($((unlimited * 40 / 100)))
 	fi
-	[ "${unlimited:-0}" -gt "$QOS_IOPS" ] ||
-		echo "NOTE: unlimited ($unlimited IOPS) is not above the limit ($QOS_IOPS): set QOS_IOPS lower to show enforcement"
+	for limit in "${limits[@]}"; do
+		[ "$limit" -gt 0 ] || continue
+		local type=dedicated
+		[ "$QOS_JOBS" -gt 1 ] && type=aggregated
+		printf '[[policy]]\nid = "%s"\ntype = "%s"\nmax_iops = %s\n' "$QOS_POLICY" "$type" "$limit" >"$LOG/qos-$limit.toml"
+		say "fio randread 4k, $QOS_JOBS jobs x QD $QOS_QD, share default policy: $type, $limit IOPS"
+		qos_run "limit$limit" --share "data:policy=$QOS_POLICY" --policy-file "$LOG/qos-$limit.toml" || continue
+		iops=${got[limit$limit]}
+		local cap=$((limit * 103 / 100))
+		if [ "$iops" -gt 0 ] && [ "$iops" -le "$cap" ]; then
+			ok "share default policy of $limit IOPS: $iops IOPS <= $limit + 3 % ($cap); unlimited $unlimited IOPS"
+		else
+			bad "share default policy of $limit IOPS: $iops IOPS, cap $cap; unlimited $unlimited IOPS"
+		fi
+		# enforcement, not just a slow run: where the unlimited rate is
+		# clearly above the limit, the limited run gets most of the limit
+		# (half at least: the TCG guest's speed swings with the host's load
+		# between the runs)
+		if [ "$unlimited" -gt $((limit * 12 / 10)) ]; then
+			[ "$iops" -ge $((limit / 2)) ] && ok "limited run reaches $iops of $limit IOPS ($((iops * 100 / limit)) %)" ||
+				bad "limited run reaches only $iops of $limit IOPS (unlimited $unlimited)"
+		fi
+	done
+	rm -f "$STORE"/q.*
+}
+
+# ksmbd.ko on $IP:445 (RDMA and TCP), sharing $STORE as "data" with the
+# same user, set up as ../shared/kernel-smbd/ksmbd-cifs-rdma-smoke.sh does
+# (server signing disabled so that cifs may use RDMA read/write).
+start_ksmbd() {
+	command -v ksmbd.mountd >/dev/null || die "ksmbd-tools is not installed (the kernel-smbd rig installs it)"
+	mkdir -p /etc/ksmbd
+	prepare_store
+	# ksmbd's kernel threads resolve the share path against PID 1's root;
+	# rxe-vm runs us chrooted (/newroot)
+	local kpath=$STORE pfx
+	if [ "$(stat -c %d:%i /)" != "$(stat -L -c %d:%i /proc/1/root/)" ]; then
+		kpath=
+		for pfx in /newroot /root /sysroot; do
+			if [ "$(stat -L -c %d:%i "/proc/1/root$pfx/" 2>/dev/null)" = "$(stat -c %d:%i /)" ]; then
+				kpath=$pfx$STORE
+				break
+			fi
+		done
+		[ -n "$kpath" ] || die "chrooted, but cannot find our root under /proc/1/root"
+	fi
+	getent passwd "$USER_" >/dev/null || timeout 30 useradd -M -d /nonexistent -s /usr/sbin/nologin "$USER_" || die useradd
+	cat >/etc/ksmbd/ksmbd.conf <<-EOF
+		[global]
+			netbios name = RXEVM
+			server signing = disabled
+			server multi channel support = no
+			smb3 encryption = no
+			smb2 leases = no
+			smb2 max read = 4MB
+			smb2 max write = 4MB
+			smbd max io size = 8MB
+		[data]
+			path = $kpath
+			read only = no
+			writeable = yes
+			guest ok = no
+			store dos attributes = no
+			force user = root
+			force group = root
+			create mask = 0666
+			directory mask = 0777
+	EOF
+	timeout 30 ksmbd.adduser -a "$USER_" -p "$PASS_" >/dev/null || die "ksmbd.adduser"
+	timeout 30 ksmbd.mountd || die "ksmbd.mountd"
+	# the RDMA listener appears when mountd hands the config to the kernel
+	local cm
+	for ((i = 0; i < 100; i++)); do
+		cm=$(timeout 10 rdma res show cm_id 2>&1)
+		grep -q 'LISTEN.*:445' <<<"$cm" && break
+		sleep 0.2
+	done
+	grep -q 'LISTEN.*:445' <<<"$cm" || die "ksmbd has no RDMA listener on 445: $cm"
+	echo "ksmbd: $cm"
+}
+
+# fio through the same cifs.ko mount (vers=3.1.1, unsigned, -o rdma) against
+# smbdirectd and ksmbd.ko in turn, A B A B for BENCH_PAIRS pairs. ksmbd
+# stays on port 445; smbdirectd is started on 5445 for its half of each
+# pair (cifs connects to 5445 first and falls back to 445 when nothing
+# listens there), so each mount reaches the server meant. Both serve the
+# same tmpfs directory and the same files.
+BENCH_JOBS=(
+	"rr4k1 r.dat iops --rw=randread --bs=4k --iodepth=1"
+	"rr4k16 r.dat iops --rw=randread --bs=4k --iodepth=16"
+	"sr1m r.dat read_mbs --rw=read --bs=1m --iodepth=4"
+	"sw1m w.dat write_mbs --rw=write --bs=1m --iodepth=4"
+)
+# "busy idle smbdirectd" clock ticks: the guest's CPUs (all but idle and
+# iowait), their idle, and the smbdirectd process (0 when not running)
+cpu_ticks() {
+	local busy idle srv=0
+	read -r busy idle < <(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat)
+	[ -n "$SRV_PID" ] && [ -r "/proc/$SRV_PID/stat" ] &&
+		srv=$(sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print $12 + $13 }')
+	echo "$busy $idle $srv"
+}
+cpu_delta() { # "BEFORE" "AFTER" -> seconds
+	awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { split(a, x); split(b, y)
+		printf "guest_busy_s=%.1f guest_idle_s=%.1f smbdirectd_cpu_s=%.1f", (y[1] - x[1]) / hz, (y[2] - x[2]) / hz, (y[3] - x[3]) / hz }'
+}
+bench_mode() {
+	SRV_PORT=5445
+	mkdir -p "$MNT"
+	start_ksmbd
+	head -c $((64 << 20)) /dev/zero >"$STORE/r.dat"
+	head -c $((64 << 20)) /dev/zero >"$STORE/w.dat"
+	local p srv spec name file metric args v sessions c0
+	for spec in "${BENCH_JOBS[@]}"; do
+		read -r name file metric args <<<"$spec"
+		echo "bench-job: $name $metric $args"
+	done
+	# BENCH_ALT="serve flags": a third server in every round, smbdirectd
+	# with those flags ("smbdirectd-alt"), to compare a setting in one boot
+	local servers="smbdirectd ksmbd"
+	[ -n "${BENCH_ALT:-}" ] && servers="smbdirectd smbdirectd-alt ksmbd" && echo "bench-alt: $BENCH_ALT"
+	for ((p = 1; p <= BENCH_PAIRS; p++)); do
+		for srv in $servers; do
+			say "pair $p/$BENCH_PAIRS: $srv"
+			# shellcheck disable=SC2086
+			case $srv in
+			smbdirectd) start_server ;;
+			smbdirectd-alt) start_server $BENCH_ALT ;;
+			esac
+			if ! do_mount 3.1.1 ""; then
+				bad "mount ($srv, pair $p)"
+				stop_server
+				continue
+			fi
+			if [ $p = 1 ]; then
+				grep -q 'SMBDirect (in hex) protocol version' /proc/fs/cifs/DebugData &&
+					ok "$srv: the mount's transport is SMB Direct" || bad "$srv: no SMBDirect transport"
+			fi
+			if [ -n "$SRV_PID" ]; then
+				# the mount must have reached smbdirectd (5445), not ksmbd
+				sessions=$(stats | jq .sessions 2>/dev/null)
+				[ "${sessions:-0}" -ge 1 ] || bad "the mount did not reach smbdirectd (sessions ${sessions:-?})"
+			fi
+			for spec in "${BENCH_JOBS[@]}"; do
+				read -r name file metric args <<<"$spec"
+				c0=$(cpu_ticks)
+				# shellcheck disable=SC2086
+				if fio_run "$name" "$LOG/bench-$p-$srv-$name.json" "$BENCH_RUNTIME" --filename="$MNT/$file" \
+					--size=64M --ramp_time=1 $args; then
+					v=$(fio_metric "$LOG/bench-$p-$srv-$name.json" "$metric")
+				else
+					bad "fio $name ($srv, pair $p)"
+					v=0
+				fi
+				echo "bench: pair=$p server=$srv job=$name value=${v:-0}"
+				# where the guest's CPU went during the fio run (ramp and start-up included)
+				echo "bench-cpu: pair=$p server=$srv job=$name $(cpu_delta "$c0" "$(cpu_ticks)")"
+			done
+			[ -n "$SRV_PID" ] && stats >"$LOG/bench-stats-$p-$srv.json"
+			do_umount || bad "umount ($srv, pair $p)"
+			stop_server
+		done
+	done
+	[ -s "$LOG/bench-stats-1-smbdirectd.json" ] && jq -c '.total' "$LOG/bench-stats-1-smbdirectd.json"
+	timeout 30 ksmbd.control -s >/dev/null 2>&1
 }
 
 # the kernel log, streamed (a guest kernel oops stops everything else)
@@ -392,6 +596,7 @@ load_modules
 case $MODE in
 --test) test_mode ;;
 --qos) qos_mode ;;
+--bench) bench_mode ;;
 *) die "unknown mode $MODE" ;;
 esac
 finish

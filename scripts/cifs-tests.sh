@@ -5,17 +5,21 @@
 #
 #   scripts/cifs-tests.sh            # mount battery (vers 3.0, 3.0.2, 3.1.1, signed once)
 #   scripts/cifs-tests.sh --qos      # share default policy: fio IOPS with and without a limit
-#   scripts/cifs-tests.sh --bench    # fio through cifs.ko: ksmbd.ko vs smbdirectd (Markdown table)
+#   scripts/cifs-tests.sh --bench    # fio through cifs.ko: ksmbd.ko vs smbdirectd (raw figures;
+#                                    # scripts/bench-cifs.sh makes the table rows)
 #
 # Host side: builds the modules through the rig if they are missing (~1.5 min,
 # cached in /var/cache/kernel-smbd), builds smbdirectd (debug; CIFS_PROFILE=release for the optimized one), boots the
 # guest under `flock /tmp/rxe-vm.lock` and runs scripts/cifs-guest.sh in it.
 # Logs, the server's pcap (tshark -r F -2 -Y smb_direct) and the guest's
-# dmesg land in target/cifs-tests/. Without the rigs it says "skipped" and
+# dmesg land in target/cifs-tests/ (target/cifs-tests-qos/, -bench/). Without the rigs it says "skipped" and
 # exits 0.
 # env: RXEVM (run-in-rxe-vm.sh), KSMBD_RIG (kernel-smbd directory),
-#      CIFS_TESTS_TIMEOUT (guest time limit, s), CIFS_VERS, FIO_RUNTIME, QOS_IOPS,
-#      CIFS_PROFILE (debug, the default, or release: which smbdirectd to serve)
+#      CIFS_TESTS_TIMEOUT (guest time limit, s), CIFS_VERS, CIFS_FYI,
+#      CIFS_PROFILE (debug, the default, or release: which smbdirectd to serve);
+#      --qos: QOS_IOPS (1000), QOS_JOBS (1), QOS_QD (16), QOS_RUNTIME (6 s);
+#      --bench: BENCH_PAIRS (5), BENCH_RUNTIME (5 s), BENCH_ALT (serve flags
+#      of a third server in every round; scripts/bench-cifs.sh sets these)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -35,7 +39,9 @@ if [ "$(id -u)" != 0 ]; then
 	echo "cifs-tests: skipped: needs root (the rig installs packages and boots the guest)"
 	exit 0
 fi
+# one directory per mode: a queued run must not write into a running one's
 OUT=$ROOT/target/cifs-tests
+[ "$MODE" = --test ] || OUT=$OUT-${MODE#--}
 mkdir -p "$OUT"
 CACHE=${KSMBD_CACHE:-/var/cache/kernel-smbd}
 export KSMBD_CACHE=$CACHE
