@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: qos-path-bench [--flows N] [--iters N] [--runs N] [--callgrind [--callgrind-iters N]]
-       qos-path-bench --only direct|prefetch [--flows N] [--iters N]
+       qos-path-bench --only direct|prefetch|no-lane [--flows N] [--iters N] [--warmup N]
 
 Admits 4 KiB I/Os through randomly chosen Opens of N flows on one worker's
 QoS scheduler (fake clock); reports the median ns/op of each variant.
@@ -20,9 +20,14 @@ QoS scheduler (fake clock); reports the median ns/op of each variant.
   --iters N            operations per run (default 5000000)
   --runs N             runs per variant, at least 1 (default 5)
   --callgrind          also count instructions/op under valgrind's callgrind
-  --callgrind-iters N  operations under callgrind (default 200000)
-  --only V             run variant V once (after building the table) and
-                       print ns/op (what the callgrind child runs)
+  --callgrind-iters N  operations under callgrind (default 10000000: a
+                       100 ms accounting window of fake time, so it
+                       includes a window close and the loans it ends)
+  --warmup N           with --only: operations run first, not measured
+                       (default 1000000, as before each variant's runs)
+  --only V             run variant V once (after building the table and
+                       the warm-up) and print ns/op (what the callgrind
+                       child runs)
   -h, --help           this text";
 
 struct Args {
@@ -31,6 +36,7 @@ struct Args {
     runs: usize,
     callgrind: Option<u64>,
     only: Option<Variant>,
+    warmup: u64,
 }
 
 fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
@@ -40,9 +46,10 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         runs: 5,
         callgrind: None,
         only: None,
+        warmup: 1_000_000,
     };
     let mut callgrind = false;
-    let mut callgrind_iters = 200_000u64;
+    let mut callgrind_iters = 10_000_000u64;
     let args: Vec<String> = args.collect();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -63,13 +70,15 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
             "--iters" => a.iters = number("--iters", value("--iters")?, 1)?,
             "--runs" => a.runs = number("--runs", value("--runs")?, 1)? as usize,
             "--callgrind" => callgrind = true,
+            "--warmup" => a.warmup = number("--warmup", value("--warmup")?, 0)?,
             "--callgrind-iters" => {
                 callgrind_iters = number("--callgrind-iters", value("--callgrind-iters")?, 1)?
             }
             "--only" => {
                 let v = value("--only")?;
                 a.only = Some(
-                    Variant::parse(&v).ok_or_else(|| format!("--only {v}: direct or prefetch"))?,
+                    Variant::parse(&v)
+                        .ok_or_else(|| format!("--only {v}: direct, prefetch or no-lane"))?,
                 );
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -94,7 +103,9 @@ fn main() -> ExitCode {
         }
     };
     if let Some(v) = args.only {
-        let (ns, refused) = Bed::new(args.flows).run(v, args.iters);
+        let mut bed = Bed::new(args.flows);
+        bed.warm_up(v, args.warmup);
+        let (ns, refused) = bed.run(v, args.iters);
         println!("{}: {ns:.1} ns/op, {refused} refused", v.name());
         return ExitCode::SUCCESS;
     }
