@@ -116,7 +116,8 @@ pub struct SchedulerConfig {
     /// Burst window of the limit and reservation buckets.
     pub burst_window: Duration,
     /// How much credit a flow lends an Open's [`Lane`] at a time: this long
-    /// at the flow's rates (zero: no loans, every I/O reaches the flow).
+    /// at the flow's rates, at most 1 s (zero: no loans, every I/O reaches
+    /// the flow).
     pub lane_loan: Duration,
 }
 
@@ -857,8 +858,10 @@ fn loan_size((iops, kbps): (u32, u32), loan_ns: u64, base_kb: u32) -> (u32, u32)
     if loan_ns == 0 {
         return (0, 0);
     }
-    let of =
-        |rate: u32| (rate as u128 * loan_ns as u128 / 1_000_000_000).min(u32::MAX as u128) as u32;
+    // At most 1 s: the product fits in 64 bits (and the division by a
+    // constant is a multiplication).
+    let loan_ns = loan_ns.min(1_000_000_000);
+    let of = |rate: u32| (rate as u64 * loan_ns / 1_000_000_000) as u32;
     match (iops, kbps) {
         (0, 0) => (UNLIMITED_LOAN_IOS, UNLIMITED_LOAN_IOS * base_kb),
         (0, k) => (of(k), of(k)),
