@@ -45,6 +45,8 @@ use smbdirect_protocol::sqos::enforcement::{
 use smbdirect_protocol::time::Instant;
 use std::fmt;
 
+/// Default per-flow limit, normalized IOPS.
+pub const DEFAULT_LIMIT_IOPS: u64 = 100_000;
 /// Bytes per admitted I/O.
 pub const IO_BYTES: u64 = 4096;
 /// Fake nanoseconds per operation.
@@ -110,9 +112,17 @@ pub struct Bed {
 }
 
 impl Bed {
-    /// `flows` flows, one Open each (Open i names a slot chosen by a fixed
-    /// permutation).
+    /// `flows` flows limited to [`DEFAULT_LIMIT_IOPS`], one Open each.
     pub fn new(flows: usize) -> Bed {
+        Bed::with_limit(flows, DEFAULT_LIMIT_IOPS)
+    }
+
+    /// `flows` flows, one Open each (Open i names a slot chosen by a fixed
+    /// permutation), each limited to `limit` normalized IOPS and `4 ×
+    /// limit` KB/s (both allow `limit` 4 KiB I/Os per second; an Open's
+    /// lane is lent 1 ms of that at a time), every tenth with a reservation
+    /// of 1,000 IOPS (at most the limit).
+    pub fn with_limit(flows: usize, limit: u64) -> Bed {
         let mut sched = Scheduler::new(
             SchedulerConfig {
                 max_flows: flows,
@@ -124,9 +134,9 @@ impl Bed {
         let mut slots: Vec<FlowSlot> = (0..flows)
             .map(|i| {
                 let rates = FlowRates {
-                    max_iops: 100_000,
-                    max_kbps: 400_000,
-                    min_iops: if i % 10 == 0 { 1_000 } else { 0 },
+                    max_iops: limit,
+                    max_kbps: 4 * limit,
+                    min_iops: if i % 10 == 0 { limit.min(1_000) } else { 0 },
                 };
                 sched
                     .open_flow(Instant::ZERO, rates)
@@ -319,6 +329,8 @@ impl VariantReport {
 pub struct QosPathReport {
     /// Flows (and Opens).
     pub flows: usize,
+    /// Each flow's limit, normalized IOPS.
+    pub limit: u64,
     /// Operations per run.
     pub iters: u64,
     /// Per variant.
@@ -367,8 +379,12 @@ impl fmt::Display for QosPathReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "qos-path-bench: {} flows, {} ops/run, {} B I/Os, random Opens",
-            self.flows, self.iters, IO_BYTES
+            "qos-path-bench: {} flows limited to {} IOPS (lane loans of {} I/Os), {} ops/run, {} B I/Os, random Opens",
+            self.flows,
+            self.limit,
+            self.limit / 1000,
+            self.iters,
+            IO_BYTES
         )?;
         for v in &self.variants {
             let runs: Vec<String> = v.runs.iter().map(|r| format!("{r:.1}")).collect();
@@ -401,8 +417,8 @@ impl fmt::Display for QosPathReport {
 
 /// Runs both variants `runs` times each (alternating, after one warm-up
 /// run each).
-pub fn run(flows: usize, iters: u64, runs: usize) -> QosPathReport {
-    let mut bed = Bed::new(flows);
+pub fn run(flows: usize, limit: u64, iters: u64, runs: usize) -> QosPathReport {
+    let mut bed = Bed::with_limit(flows, limit);
     let variants = [Variant::Direct, Variant::Prefetch, Variant::NoLane];
     let mut out: Vec<VariantReport> = variants
         .iter()
@@ -433,6 +449,7 @@ pub fn run(flows: usize, iters: u64, runs: usize) -> QosPathReport {
         .collect();
     QosPathReport {
         flows,
+        limit,
         iters,
         variants: out,
         windows,

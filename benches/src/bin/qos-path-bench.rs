@@ -6,17 +6,23 @@
 //! ```
 
 use smbdirect_benches::dispatch_bench::callgrind_per_iter;
-use smbdirect_benches::qos_path_bench::{run, Bed, Variant};
+use smbdirect_benches::qos_path_bench::{run, Bed, Variant, DEFAULT_LIMIT_IOPS};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
-usage: qos-path-bench [--flows N] [--iters N] [--runs N] [--callgrind [--callgrind-iters N]]
-       qos-path-bench --only direct|prefetch|no-lane [--flows N] [--iters N] [--warmup N]
+usage: qos-path-bench [--flows N] [--limit IOPS] [--iters N] [--runs N] [--callgrind [--callgrind-iters N]]
+       qos-path-bench --only direct|prefetch|no-lane [--flows N] [--limit IOPS] [--iters N] [--warmup N]
 
 Admits 4 KiB I/Os through randomly chosen Opens of N flows on one worker's
 QoS scheduler (fake clock); reports the median ns/op of each variant.
 
   --flows N            flows (and Opens) in the table (default 100000)
+  --limit IOPS         each flow's limit in normalized IOPS, and 4 x IOPS
+                       KB/s (default 100000): an Open's lane is lent
+                       IOPS / 1000 I/Os at a time, so a lower limit sends
+                       more I/Os to the flow's records (each flow gets about
+                       100000000 / N I/Os per second of fake time; a lower
+                       limit shows as refusals)
   --iters N            operations per run (default 5000000)
   --runs N             runs per variant, at least 1 (default 5)
   --callgrind          also count instructions/op under valgrind's callgrind
@@ -32,6 +38,7 @@ QoS scheduler (fake clock); reports the median ns/op of each variant.
 
 struct Args {
     flows: usize,
+    limit: u64,
     iters: u64,
     runs: usize,
     callgrind: Option<u64>,
@@ -42,6 +49,7 @@ struct Args {
 fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let mut a = Args {
         flows: 100_000,
+        limit: DEFAULT_LIMIT_IOPS,
         iters: 5_000_000,
         runs: 5,
         callgrind: None,
@@ -67,6 +75,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--flows" => a.flows = number("--flows", value("--flows")?, 1)? as usize,
+            "--limit" => a.limit = number("--limit", value("--limit")?, 1)?,
             "--iters" => a.iters = number("--iters", value("--iters")?, 1)?,
             "--runs" => a.runs = number("--runs", value("--runs")?, 1)? as usize,
             "--callgrind" => callgrind = true,
@@ -103,13 +112,13 @@ fn main() -> ExitCode {
         }
     };
     if let Some(v) = args.only {
-        let mut bed = Bed::new(args.flows);
+        let mut bed = Bed::with_limit(args.flows, args.limit);
         bed.warm_up(v, args.warmup);
         let (ns, refused) = bed.run(v, args.iters);
         println!("{}: {ns:.1} ns/op, {refused} refused", v.name());
         return ExitCode::SUCCESS;
     }
-    let mut report = run(args.flows, args.iters, args.runs);
+    let mut report = run(args.flows, args.limit, args.iters, args.runs);
     if let Some(iters) = args.callgrind {
         let exe = match std::env::current_exe() {
             Ok(e) => e,
@@ -125,6 +134,8 @@ fn main() -> ExitCode {
                 v.variant.name(),
                 "--flows",
                 &args.flows.to_string(),
+                "--limit",
+                &args.limit.to_string(),
                 "--iters",
                 &iters.to_string(),
             ]
