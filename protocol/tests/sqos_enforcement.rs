@@ -1006,3 +1006,33 @@ fn lanes_are_not_used_while_requests_wait_and_zero_loan_disables_them() {
     assert!(s.try_lane(at(0), f, &mut a, 4096));
     assert!(a.is_empty());
 }
+
+#[test]
+fn a_client_paced_at_the_limit_is_admitted_at_once_through_its_lane() {
+    // 8 reads of 4 KiB every 4 ms: exactly 2,000 IOPS, the flow's limit
+    // (what `bench --workload qos` offers when it limits itself). The
+    // 40-I/O burst absorbs the groups: none waits, with loans or without.
+    for loan in [DEFAULT_LANE_LOAN, Duration::ZERO] {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_flows: 4,
+                max_queued: 64,
+                lane_loan: loan,
+                ..SchedulerConfig::default()
+            },
+            Instant::ZERO,
+        );
+        let f = s.open_flow(at(0), limit(2000)).unwrap();
+        let mut lane = Lane::EMPTY;
+        let mut refused = 0;
+        for group in 0..750u64 {
+            for k in 0..8 {
+                let now = at(group * 4_000_000 + k * 1000);
+                if !s.try_lane(now, f, &mut lane, 4096) {
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused, 0, "loan {loan:?}");
+    }
+}
