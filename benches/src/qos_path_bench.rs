@@ -1,11 +1,14 @@
 //! The per-I/O Storage QoS admission path of a worker with many flows.
 //!
 //! ```text
-//! cargo run --release -p smbdirect-benches --bin qos-path-bench -- [--flows N] [--runs N] [--callgrind]
+//! cargo run --release -p smbdirect-benches --bin qos-path-bench -- [--flows N] [--limit IOPS] [--runs N] [--callgrind]
 //! ```
 //!
 //! A worker's [`Scheduler`] holds `flows` flows (every one limited in both
-//! normalized IOPS and KB/s, every tenth with a reservation). There are as
+//! normalized IOPS and KB/s, [`DEFAULT_LIMIT_IOPS`] unless `--limit` says
+//! otherwise, every tenth with a reservation). A lane is lent 1 ms of its
+//! flow's limit at a time, so the lower the limit, the more often an I/O
+//! goes on to the flow's records. There are as
 //! many Opens as flows, each naming its flow slot and holding its
 //! [`Lane`] (as the server's Open does), laid out in an order unrelated to
 //! the slots. Each operation picks an Open at random and admits a 4 KiB I/O
