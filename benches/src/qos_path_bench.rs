@@ -173,27 +173,13 @@ impl Bed {
     /// Runs `iters` operations of `variant` through [`warm_loop`] (not
     /// timed, not collected under callgrind); returns the refusals.
     pub fn warm_up(&mut self, variant: Variant, iters: u64) -> u64 {
-        warm_loop(
-            &mut self.sched,
-            &mut self.opens,
-            &mut self.now,
-            &mut self.rng,
-            variant,
-            iters,
-        )
+        warm_loop(self, variant, iters)
     }
 
     /// Runs `iters` operations of `variant`; returns (ns/op, refusals).
     pub fn run(&mut self, variant: Variant, iters: u64) -> (f64, u64) {
         let t = std::time::Instant::now();
-        let refused = hot_loop(
-            &mut self.sched,
-            &mut self.opens,
-            &mut self.now,
-            &mut self.rng,
-            variant,
-            iters,
-        );
+        let refused = hot_loop(self, variant, iters);
         let ns = t.elapsed().as_nanos() as f64 / iters as f64;
         (ns, refused)
     }
@@ -216,48 +202,33 @@ fn pick(rng: &mut u64, n: usize) -> usize {
 /// `iters` admissions of [`IO_BYTES`] through random Opens; returns how
 /// many were refused. Never inlined (callgrind collects inside it).
 #[inline(never)]
-pub fn hot_loop(
-    sched: &mut Scheduler,
-    opens: &mut [BenchOpen],
-    now: &mut u64,
-    rng: &mut u64,
-    variant: Variant,
-    iters: u64,
-) -> u64 {
-    admissions(sched, opens, now, rng, variant, iters)
+pub fn hot_loop(bed: &mut Bed, variant: Variant, iters: u64) -> u64 {
+    admissions(bed, variant, iters)
 }
 
 /// [`hot_loop`]'s work in chunks of 1,000 operations: the warm-up,
 /// which callgrind does not collect (a different body from `hot_loop`'s,
 /// so the compiler cannot fold the two functions into one).
 #[inline(never)]
-pub fn warm_loop(
-    sched: &mut Scheduler,
-    opens: &mut [BenchOpen],
-    now: &mut u64,
-    rng: &mut u64,
-    variant: Variant,
-    iters: u64,
-) -> u64 {
+pub fn warm_loop(bed: &mut Bed, variant: Variant, iters: u64) -> u64 {
     let mut refused = 0;
     let mut left = iters;
     while left > 0 {
         let n = left.min(1000);
-        refused += admissions(sched, opens, now, rng, variant, n);
+        refused += admissions(bed, variant, n);
         left -= n;
     }
     refused
 }
 
 #[inline(always)]
-fn admissions(
-    sched: &mut Scheduler,
-    opens: &mut [BenchOpen],
-    now: &mut u64,
-    rng: &mut u64,
-    variant: Variant,
-    iters: u64,
-) -> u64 {
+fn admissions(bed: &mut Bed, variant: Variant, iters: u64) -> u64 {
+    let Bed {
+        sched,
+        opens,
+        now,
+        rng,
+    } = bed;
     let n = opens.len();
     let mut refused = 0u64;
     let mut admit = |sched: &mut Scheduler, now: &mut u64, o: &mut BenchOpen| {

@@ -765,6 +765,19 @@ fn window_close_with_most_flows_listed_reports_the_same() {
     assert_eq!(s.closed_window_slots().collect::<Vec<_>>(), [busy[0]]);
 }
 
+/// A scheduler of 4 flows lending lanes `loan` at a time.
+fn loan_sched(loan: Duration) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_flows: 4,
+            max_queued: 64,
+            lane_loan: loan,
+            ..SchedulerConfig::default()
+        },
+        Instant::ZERO,
+    )
+}
+
 fn xorshift(s: &mut u64) -> u64 {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -816,15 +829,7 @@ fn lanes_of_one_flow_keep_its_limits_over_every_interval_and_reach_them() {
             min_iops: 0,
             max_kbps,
         };
-        let mut s = Scheduler::new(
-            SchedulerConfig {
-                max_flows: 4,
-                max_queued: 64,
-                lane_loan: loan,
-                ..SchedulerConfig::default()
-            },
-            Instant::ZERO,
-        );
+        let mut s = loan_sched(loan);
         let f = s.open_flow(at(0), rates).unwrap();
         let mut lane = vec![Lane::EMPTY; lanes];
         let mut rng = 0x2545_F491_4F6C_DD1Du64 + case as u64;
@@ -992,15 +997,7 @@ fn lanes_are_not_used_while_requests_wait_and_zero_loan_disables_them() {
     s.enqueue(g, 7, 4096).unwrap();
     assert!(!s.try_lane(at(1), f, &mut a, 4096));
     assert_eq!(a.unspent().0, 100);
-    let mut s = Scheduler::new(
-        SchedulerConfig {
-            max_flows: 4,
-            max_queued: 64,
-            lane_loan: Duration::ZERO,
-            ..SchedulerConfig::default()
-        },
-        Instant::ZERO,
-    );
+    let mut s = loan_sched(Duration::ZERO);
     let f = s.open_flow(at(0), limit(100_000)).unwrap();
     let mut a = Lane::EMPTY;
     assert!(s.try_lane(at(0), f, &mut a, 4096));
@@ -1013,15 +1010,7 @@ fn a_client_paced_at_the_limit_is_admitted_at_once_through_its_lane() {
     // (what `bench --workload qos` offers when it limits itself). The
     // 40-I/O burst absorbs the groups: none waits, with loans or without.
     for loan in [DEFAULT_LANE_LOAN, Duration::ZERO] {
-        let mut s = Scheduler::new(
-            SchedulerConfig {
-                max_flows: 4,
-                max_queued: 64,
-                lane_loan: loan,
-                ..SchedulerConfig::default()
-            },
-            Instant::ZERO,
-        );
+        let mut s = loan_sched(loan);
         let f = s.open_flow(at(0), limit(2000)).unwrap();
         let mut lane = Lane::EMPTY;
         let mut refused = 0;
