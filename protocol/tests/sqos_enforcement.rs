@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use smbdirect_protocol::sqos::enforcement::*;
 use smbdirect_protocol::sqos::server::{Policy, PolicyKind};
 use smbdirect_protocol::sqos::FlowStatus;
-use smbdirect_protocol::time::Instant;
+use smbdirect_protocol::time::{Duration, Instant};
 
 const SEC: u64 = 1_000_000_000;
 const KIB8: u64 = 8192;
@@ -763,4 +763,265 @@ fn window_close_with_most_flows_listed_reports_the_same() {
     assert_eq!(s.last_window(busy[1]).unwrap().served_ios, 0);
     s.tick(at(3 * WINDOW));
     assert_eq!(s.closed_window_slots().collect::<Vec<_>>(), [busy[0]]);
+}
+
+/// A scheduler of 4 flows lending lanes `loan` at a time.
+fn loan_sched(loan: Duration) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_flows: 4,
+            max_queued: 64,
+            lane_loan: loan,
+            ..SchedulerConfig::default()
+        },
+        Instant::ZERO,
+    )
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Largest sum of `cost` over admissions (time, cost) sorted by time falling
+/// in any closed interval of `len` ns.
+fn max_in_interval(admitted: &[(u64, u64)], len: u64) -> u64 {
+    let (mut lo, mut sum, mut best) = (0usize, 0u64, 0u64);
+    for &(t, c) in admitted {
+        sum += c;
+        while admitted[lo].0 + len < t {
+            sum -= admitted[lo].1;
+            lo += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}
+
+#[test]
+fn lanes_of_one_flow_keep_its_limits_over_every_interval_and_reach_them() {
+    // (max_iops, max_kbps, lanes, largest I/O, bursty): offered about
+    // twice what the limits allow, from several Opens' lanes at once,
+    // through the fast path and, when refused, the queue (as the server
+    // does). Bursty: 100 ms at a twentieth of that (the lanes take loans
+    // and spend them slowly while the flow's buckets fill up), then 100 ms
+    // at twice that, and so on.
+    let cases = [
+        (100_000, 0, 1, 4096, false),
+        (2000, 0, 1, 4096, false),
+        (2000, 0, 6, 4096, false),
+        (50_000, 160_000, 4, 65536, false),
+        (0, 80_000, 3, 16384, false),
+        (300, 0, 2, 1 << 20, false),
+        (100_000, 0, 8, 4096, true),
+        (40_000, 100_000, 5, 16384, true),
+    ];
+    // With loans (lanes) and without (every I/O on the flow's records).
+    let runs = cases
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| [DEFAULT_LANE_LOAN, Duration::ZERO].map(move |l| (i, c, l)));
+    for (case, &(max_iops, max_kbps, lanes, max_bytes, bursty), loan) in runs {
+        let rates = FlowRates {
+            max_iops,
+            min_iops: 0,
+            max_kbps,
+        };
+        let mut s = loan_sched(loan);
+        let f = s.open_flow(at(0), rates).unwrap();
+        let mut lane = vec![Lane::EMPTY; lanes];
+        let mut rng = 0x2545_F491_4F6C_DD1Du64 + case as u64;
+        let mut admitted: Vec<(u64, u64, u64)> = Vec::new();
+        let mut queued: Vec<u64> = Vec::new();
+        let (mut now, end) = (0u64, 3 * SEC);
+        // I/Os average max_bytes / 2: offer twice what the tighter limit
+        // allows.
+        let mean = max_bytes as f64 / 2.0;
+        let mut allowed = f64::MAX;
+        if max_iops != 0 {
+            allowed = allowed.min(max_iops as f64 / (mean / 8192.0).ceil().max(1.0));
+        }
+        if max_kbps != 0 {
+            allowed = allowed.min(max_kbps as f64 * 1024.0 / mean);
+        }
+        let gap = (SEC as f64 / (2.0 * allowed)) as u64;
+        let mut arrival = 0u64;
+        while now < end {
+            // Dispatch waiting requests when the limits allow them (the
+            // server polls at its next wakeup), until the next arrival.
+            if let Some(w) = s.next_wakeup().filter(|w| w.as_nanos() <= arrival) {
+                now = now.max(w.as_nanos());
+                while let Some((slot, id)) = s.next_ready(at(now)) {
+                    assert_eq!(slot, f);
+                    let bytes = queued[id as usize];
+                    admitted.push((now, io_cost(bytes, 8192), kb_cost(bytes)));
+                }
+                if s.next_wakeup().is_some_and(|w| w.as_nanos() <= now) {
+                    now += 1;
+                }
+                continue;
+            }
+            now = arrival;
+            let gap = match (bursty, (now / 100_000_000) % 2) {
+                (false, _) => gap,
+                (true, 0) => gap * 20,
+                (true, _) => gap / 2,
+            };
+            arrival += xorshift(&mut rng) % (2 * gap).max(1);
+            let bytes = 1 + xorshift(&mut rng) % max_bytes;
+            let l = (xorshift(&mut rng) % lanes as u64) as usize;
+            if s.try_lane(at(now), f, &mut lane[l], bytes) {
+                admitted.push((now, io_cost(bytes, 8192), kb_cost(bytes)));
+            } else if s.total_queued() < 64 {
+                queued.push(bytes);
+                s.enqueue(f, queued.len() as u64 - 1, bytes).unwrap();
+            }
+        }
+        let ios: Vec<(u64, u64)> = admitted.iter().map(|a| (a.0, a.1)).collect();
+        let kbs: Vec<(u64, u64)> = admitted.iter().map(|a| (a.0, a.2)).collect();
+        let (ib, kbb) = (
+            burst_for(max_iops, DEFAULT_BURST_WINDOW),
+            burst_for(max_kbps, DEFAULT_BURST_WINDOW),
+        );
+        // An I/O larger than the burst is admitted on a full bucket and
+        // its debt paid back after: allow one such I/O beyond the bound.
+        let (big_i, big_k) = (io_cost(max_bytes, 8192), kb_cost(max_bytes));
+        for len in [1_000_000, 20_000_000, 100_000_000, 700_000_000, end] {
+            if max_iops != 0 {
+                let bound = max_iops * len / SEC + ib + big_i.saturating_sub(ib);
+                let got = max_in_interval(&ios, len);
+                assert!(
+                    got <= bound,
+                    "case {case} (loan {loan:?}): {got} I/Os in {len} ns > {bound}"
+                );
+            }
+            if max_kbps != 0 {
+                let bound = max_kbps * len / SEC + kbb + big_k.saturating_sub(kbb);
+                let got = max_in_interval(&kbs, len);
+                assert!(
+                    got <= bound,
+                    "case {case} (loan {loan:?}): {got} KB in {len} ns > {bound}"
+                );
+            }
+        }
+        // Offered twice the limit: it gets (nearly) all of it.
+        let total: (u64, u64) = admitted.iter().fold((0, 0), |a, x| (a.0 + x.1, a.1 + x.2));
+        let secs = end / SEC;
+        let reached = bursty
+            || (max_iops != 0 && total.0 * 100 >= max_iops * secs * 97)
+            || (max_kbps != 0 && total.1 * 100 >= max_kbps * secs * 97);
+        assert!(
+            reached,
+            "case {case} (loan {loan:?}): {total:?} (I/Os, KB) in {secs} s, limits {max_iops} / {max_kbps}"
+        );
+    }
+}
+
+#[test]
+fn lane_loans_are_charged_to_the_flow_and_come_back_unspent() {
+    // 100,000 IOPS: a burst of 2,000, a loan of 100 (1 ms).
+    let mut s = window_cfg(4);
+    let f = s.open_flow(at(0), limit(100_000)).unwrap();
+    let mut a = Lane::EMPTY;
+    assert!(s.try_lane(at(0), f, &mut a, 4096));
+    assert_eq!(a.unspent().0, 100);
+    assert!(s.lane_covers(&a, 4096));
+    // The loan covers 100 more I/Os without the flow.
+    for _ in 0..100 {
+        assert!(s.try_lane(at(0), f, &mut a, 4096));
+    }
+    assert_eq!(a.unspent().0, 0);
+    assert!(!s.lane_covers(&a, 4096));
+    // The next one comes back to the flow and takes a new loan: 1 + 100 +
+    // 1 + 100 of the 2,000 are gone; the rest is the flow's.
+    assert!(s.try_lane(at(0), f, &mut a, 4096));
+    let mut rest = 0;
+    while s.try_now(at(0), f, 4096) {
+        rest += 1;
+    }
+    assert_eq!(rest, 2000 - 202);
+    // Released, the 100 unspent are the flow's again, and no longer
+    // accounted as served.
+    s.release_lane(f, &mut a);
+    assert!(a.is_empty());
+    for _ in 0..100 {
+        assert!(s.try_now(at(0), f, 4096));
+    }
+    assert!(!s.try_now(at(0), f, 4096));
+    s.tick(at(WINDOW));
+    assert_eq!(s.last_window(f).unwrap().served_ios, 2000);
+}
+
+#[test]
+fn window_close_ends_loans_and_reports_them_served_until_returned() {
+    let mut s = window_cfg(4);
+    let f = s.open_flow(at(0), limit(100_000)).unwrap();
+    let (mut a, mut b) = (Lane::EMPTY, Lane::EMPTY);
+    assert!(s.try_lane(at(1), f, &mut a, 4096));
+    assert!(s.try_lane(at(2), f, &mut b, 4096));
+    assert!(s.try_lane(at(3), f, &mut a, 4096));
+    // Served: 3 I/Os, plus the 99 + 100 lent and not spent.
+    s.tick(at(WINDOW + 3));
+    assert_eq!(s.last_window(f).unwrap().served_ios, 3 + 99 + 100);
+    // The loans ended with the window: the next I/O of each lane goes to
+    // the flow, which gets the unspent credit back (capped at its burst,
+    // here already full) and lends anew.
+    assert!(!s.lane_covers(&a, 4096));
+    assert!(s.try_lane(at(WINDOW + 4), f, &mut a, 4096));
+    assert_eq!(a.unspent().0, 100);
+    s.release_lane(f, &mut a);
+    s.release_lane(f, &mut b);
+    s.tick(at(2 * WINDOW + 4));
+    assert_eq!(s.last_window(f).unwrap().served_ios, 1);
+    // A flow limited in neither dimension lends its lanes a fixed loan
+    // (accounting only).
+    let u = s
+        .open_flow(at(2 * WINDOW + 5), FlowRates::UNLIMITED)
+        .unwrap();
+    let mut c = Lane::EMPTY;
+    assert!(s.try_lane(at(2 * WINDOW + 5), u, &mut c, 1 << 20));
+    assert!(c.unspent().0 > 0 && s.lane_covers(&c, 4096));
+}
+
+#[test]
+fn lanes_are_not_used_while_requests_wait_and_zero_loan_disables_them() {
+    let mut s = window_cfg(4);
+    let f = s.open_flow(at(0), limit(100_000)).unwrap();
+    let g = s.open_flow(at(0), limit(1)).unwrap();
+    let mut a = Lane::EMPTY;
+    assert!(s.try_lane(at(0), f, &mut a, 4096));
+    // g's queue is not empty: no fast path, the lane's loan is kept.
+    assert!(s.try_now(at(0), g, 4096));
+    s.enqueue(g, 7, 4096).unwrap();
+    assert!(!s.try_lane(at(1), f, &mut a, 4096));
+    assert_eq!(a.unspent().0, 100);
+    let mut s = loan_sched(Duration::ZERO);
+    let f = s.open_flow(at(0), limit(100_000)).unwrap();
+    let mut a = Lane::EMPTY;
+    assert!(s.try_lane(at(0), f, &mut a, 4096));
+    assert!(a.is_empty());
+}
+
+#[test]
+fn a_client_paced_at_the_limit_is_admitted_at_once_through_its_lane() {
+    // 8 reads of 4 KiB every 4 ms: exactly 2,000 IOPS, the flow's limit
+    // (what `bench --workload qos` offers when it limits itself). The
+    // 40-I/O burst absorbs the groups: none waits, with loans or without.
+    for loan in [DEFAULT_LANE_LOAN, Duration::ZERO] {
+        let mut s = loan_sched(loan);
+        let f = s.open_flow(at(0), limit(2000)).unwrap();
+        let mut lane = Lane::EMPTY;
+        let mut refused = 0;
+        for group in 0..750u64 {
+            for k in 0..8 {
+                let now = at(group * 4_000_000 + k * 1000);
+                if !s.try_lane(now, f, &mut lane, 4096) {
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused, 0, "loan {loan:?}");
+    }
 }

@@ -6,43 +6,58 @@
 //! ```
 
 use smbdirect_benches::dispatch_bench::callgrind_per_iter;
-use smbdirect_benches::qos_path_bench::{run, Bed, Variant};
+use smbdirect_benches::qos_path_bench::{run, Bed, Variant, DEFAULT_LIMIT_IOPS};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
-usage: qos-path-bench [--flows N] [--iters N] [--runs N] [--callgrind [--callgrind-iters N]]
-       qos-path-bench --only direct|prefetch [--flows N] [--iters N]
+usage: qos-path-bench [--flows N] [--limit IOPS] [--iters N] [--runs N] [--callgrind [--callgrind-iters N]]
+       qos-path-bench --only direct|prefetch|no-lane [--flows N] [--limit IOPS] [--iters N] [--warmup N]
 
 Admits 4 KiB I/Os through randomly chosen Opens of N flows on one worker's
 QoS scheduler (fake clock); reports the median ns/op of each variant.
 
   --flows N            flows (and Opens) in the table (default 100000)
+  --limit IOPS         each flow's limit in normalized IOPS, and 4 x IOPS
+                       KB/s (default 100000): an Open's lane is lent
+                       IOPS / 1000 I/Os at a time, so a lower limit sends
+                       more I/Os to the flow's records (each flow gets about
+                       100000000 / N I/Os per second of fake time; a lower
+                       limit shows as refusals)
   --iters N            operations per run (default 5000000)
   --runs N             runs per variant, at least 1 (default 5)
   --callgrind          also count instructions/op under valgrind's callgrind
-  --callgrind-iters N  operations under callgrind (default 200000)
-  --only V             run variant V once (after building the table) and
-                       print ns/op (what the callgrind child runs)
+  --callgrind-iters N  operations under callgrind (default 10000000: a
+                       100 ms accounting window of fake time, so it
+                       includes a window close and the loans it ends)
+  --warmup N           with --only: operations run first, not measured
+                       (default 1000000, as before each variant's runs)
+  --only V             run variant V once (after building the table and
+                       the warm-up) and print ns/op (what the callgrind
+                       child runs)
   -h, --help           this text";
 
 struct Args {
     flows: usize,
+    limit: u64,
     iters: u64,
     runs: usize,
     callgrind: Option<u64>,
     only: Option<Variant>,
+    warmup: u64,
 }
 
 fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let mut a = Args {
         flows: 100_000,
+        limit: DEFAULT_LIMIT_IOPS,
         iters: 5_000_000,
         runs: 5,
         callgrind: None,
         only: None,
+        warmup: 1_000_000,
     };
     let mut callgrind = false;
-    let mut callgrind_iters = 200_000u64;
+    let mut callgrind_iters = 10_000_000u64;
     let args: Vec<String> = args.collect();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -60,16 +75,19 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--flows" => a.flows = number("--flows", value("--flows")?, 1)? as usize,
+            "--limit" => a.limit = number("--limit", value("--limit")?, 1)?,
             "--iters" => a.iters = number("--iters", value("--iters")?, 1)?,
             "--runs" => a.runs = number("--runs", value("--runs")?, 1)? as usize,
             "--callgrind" => callgrind = true,
+            "--warmup" => a.warmup = number("--warmup", value("--warmup")?, 0)?,
             "--callgrind-iters" => {
                 callgrind_iters = number("--callgrind-iters", value("--callgrind-iters")?, 1)?
             }
             "--only" => {
                 let v = value("--only")?;
                 a.only = Some(
-                    Variant::parse(&v).ok_or_else(|| format!("--only {v}: direct or prefetch"))?,
+                    Variant::parse(&v)
+                        .ok_or_else(|| format!("--only {v}: direct, prefetch or no-lane"))?,
                 );
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -94,11 +112,13 @@ fn main() -> ExitCode {
         }
     };
     if let Some(v) = args.only {
-        let (ns, refused) = Bed::new(args.flows).run(v, args.iters);
+        let mut bed = Bed::with_limit(args.flows, args.limit);
+        bed.warm_up(v, args.warmup);
+        let (ns, refused) = bed.run(v, args.iters);
         println!("{}: {ns:.1} ns/op, {refused} refused", v.name());
         return ExitCode::SUCCESS;
     }
-    let mut report = run(args.flows, args.iters, args.runs);
+    let mut report = run(args.flows, args.limit, args.iters, args.runs);
     if let Some(iters) = args.callgrind {
         let exe = match std::env::current_exe() {
             Ok(e) => e,
@@ -114,6 +134,8 @@ fn main() -> ExitCode {
                 v.variant.name(),
                 "--flows",
                 &args.flows.to_string(),
+                "--limit",
+                &args.limit.to_string(),
                 "--iters",
                 &iters.to_string(),
             ]

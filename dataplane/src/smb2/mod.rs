@@ -47,7 +47,7 @@ use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::auth;
 use smbdirect_protocol::smb2::*;
-use smbdirect_protocol::sqos::enforcement::{FlowSlot, Scheduler, SchedulerConfig};
+use smbdirect_protocol::sqos::enforcement::{FlowSlot, Lane, Scheduler, SchedulerConfig};
 use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
 use smbdirect_protocol::time::Instant as PInstant;
 use std::collections::{HashMap, VecDeque};
@@ -179,6 +179,9 @@ struct Open {
     /// The Storage QoS flow this Open's I/O is charged to (a direct
     /// reference: no lookup per I/O).
     flow: Option<FlowSlot>,
+    /// Credit the flow lent this Open: most I/O is admitted from it without
+    /// reading the flow's records (see `Lane`).
+    lane: Lane,
     /// Named in a QoS request: the control plane keeps state for it.
     qos_named: bool,
     /// The store's id of the file (FileInternalInformation, lock table key).
@@ -1127,11 +1130,13 @@ impl Core {
         }
     }
 
-    /// Storage QoS admission of `bytes` of I/O on `open`'s flow: at once
-    /// when nothing waits and the limits allow, else through the queue.
+    /// Storage QoS admission of `bytes` of I/O on an Open's `flow` through
+    /// its `lane`: at once when nothing waits and the limits allow, else
+    /// through the queue.
     fn admit(
         &mut self,
         flow: Option<FlowSlot>,
+        lane: &mut Lane,
         ex: &mut Exec,
         bytes: u64,
     ) -> Result<bool, NtStatus> {
@@ -1144,7 +1149,7 @@ impl Core {
         if ex.queued {
             return Ok(false);
         }
-        if self.qos.sched.try_now(self.now, slot, bytes) {
+        if self.qos.sched.try_lane(self.now, slot, lane, bytes) {
             ex.admitted = true;
             return Ok(true);
         }
@@ -1160,13 +1165,25 @@ impl Core {
         }
     }
 
-    fn close_open(&mut self, conn: ConnId, o: Open) {
+    /// When `lane` will not cover an I/O of `bytes`, prefetches its flow's
+    /// hot record: it arrives while the request is checked.
+    #[inline]
+    fn prefetch_flow(&self, flow: Option<FlowSlot>, lane: &Lane, bytes: u64) {
+        if let Some(s) = flow {
+            if !self.qos.sched.lane_covers(lane, bytes) {
+                crate::hint::prefetch(self.qos.sched.flow_addr(s));
+            }
+        }
+    }
+
+    fn close_open(&mut self, conn: ConnId, mut o: Open) {
         // [MS-FSA] 2.1.5.4: a closed Open's byte-range locks are released.
         self.cfg
             .locks
             .release(o.file_id, fs::LockOwner::new(conn, o.persistent));
         self.store.close(o.handle);
         if let Some(s) = o.flow {
+            self.qos.sched.release_lane(s, &mut o.lane);
             self.release_slot(s);
         }
         if o.qos_named {
@@ -1203,6 +1220,7 @@ impl Core {
             }
         }
         if let Some(s) = o.flow.take() {
+            self.qos.sched.release_lane(s, &mut o.lane);
             self.release_slot(s);
         }
         let Some(f) = flow else { return };
@@ -1419,6 +1437,7 @@ impl Core {
                         handle,
                         is_dir: info.is_dir,
                         flow: None,
+                        lane: Lane::EMPTY,
                         qos_named: default_flow,
                         file_id: info.file_id,
                         path: name.clone(),
@@ -1614,15 +1633,12 @@ impl Core {
             RequestBody::OplockBreak(_) => Err(STATUS_INVALID_OPLOCK_PROTOCOL),
             RequestBody::Read(r) => {
                 let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
-                let o = &c.opens[&fid.volatile];
+                let o = c.opens.get_mut(&fid.volatile).ok_or(STATUS_FILE_CLOSED)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
-                let (handle, flow) = (o.handle, o.flow);
-                if let Some(s) = flow {
-                    // Its hot record arrives while the request is checked.
-                    crate::hint::prefetch(self.qos.sched.flow_addr(s));
-                }
+                let (handle, flow, lane) = (o.handle, o.flow, &mut o.lane);
+                self.prefetch_flow(flow, lane, u64::from(r.length));
                 if !charge_ok(req, r.length) {
                     return Err(STATUS_INVALID_PARAMETER);
                 }
@@ -1653,7 +1669,7 @@ impl Core {
                     }
                     _ => return Err(STATUS_INVALID_PARAMETER),
                 };
-                if !self.admit(flow, ex, u64::from(r.length))? {
+                if !self.admit(flow, lane, ex, u64::from(r.length))? {
                     return Ok(Step::Hold(Wait::Qos));
                 }
                 let avail = match self.store.read(tag, handle, r.offset, r.length) {
@@ -1693,22 +1709,20 @@ impl Core {
             }
             RequestBody::Write(r) => {
                 let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
-                let o = &c.opens[&fid.volatile];
+                let o = c.opens.get_mut(&fid.volatile).ok_or(STATUS_FILE_CLOSED)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
-                let (handle, flow) = (o.handle, o.flow);
-                if let Some(s) = flow {
-                    // Its hot record arrives while the request is checked.
-                    crate::hint::prefetch(self.qos.sched.flow_addr(s));
-                }
+                let (handle, flow, lane) = (o.handle, o.flow, &mut o.lane);
+                let len = (r.data.len() as u64).max(u64::from(r.remaining_bytes));
+                self.prefetch_flow(flow, lane, len);
                 match r.channel {
                     Channel::None => {
                         let len = r.data.len() as u32;
                         if !charge_ok(req, len) {
                             return Err(STATUS_INVALID_PARAMETER);
                         }
-                        if !self.admit(flow, ex, u64::from(len))? {
+                        if !self.admit(flow, lane, ex, u64::from(len))? {
                             return Ok(Step::Hold(Wait::Qos));
                         }
                         let n = match self.store.write(tag, handle, r.offset, r.data) {
@@ -1741,7 +1755,7 @@ impl Core {
                             return Err(STATUS_INVALID_PARAMETER);
                         }
                         let descs = rdma_channel(ch, dialect, r.channel_info, len, max_rw)?;
-                        if !self.admit(flow, ex, u64::from(len))? {
+                        if !self.admit(flow, lane, ex, u64::from(len))? {
                             return Ok(Step::Hold(Wait::Qos));
                         }
                         Ok(Step::Rdma(plan(

@@ -224,30 +224,70 @@ impl TokenBucket {
 /// a refill is path-independent (refilling at `t1` then `t2` gives the
 /// credit a single refill at `t2` gives, both being capped at the burst),
 /// and refilling an unlimited bucket changes nothing.
+///
+/// Rates are kept in 32 bits: a per-worker share above [`MAX_RATE`] units
+/// per second (4.29 × 10⁹ normalized IOPS, or KB/s: 4 TiB/s) is enforced as
+/// [`MAX_RATE`], which no worker reaches.
+///
+/// Credit handed out to lanes (see the scheduler's `Lane`) and not yet
+/// returned is *lent*: it no longer counts as credit but still occupies the
+/// bucket, whose credit is capped at `burst − lent`. So credit plus lent
+/// credit never exceeds the burst, and what the flow admits through its
+/// buckets and its lanes together stays within `rate × t + burst` for every
+/// interval `t`, as for a single bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limits {
     last: Instant,
-    iops_rate: u64,
     iops_credit: i64,
-    kbps_rate: u64,
     kbps_credit: i64,
+    iops_rate: u32,
+    kbps_rate: u32,
     iops_burst: u32,
     kbps_burst: u32,
+    /// Units lent to lanes, normalized I/Os and KB.
+    iops_lent: u32,
+    kbps_lent: u32,
+}
+
+/// Largest rate a flow's [`Limits`] enforce, units per second.
+pub const MAX_RATE: u64 = u32::MAX as u64;
+
+#[inline]
+fn clamp_rate(rate: u64) -> u32 {
+    rate.min(MAX_RATE) as u32
+}
+
+/// Adds `dt × rate` nano-units, capped at `burst − lent` units (the credit
+/// is only lowered to that cap by a rate change, never by a refill).
+#[inline(always)]
+fn refill_lent(credit: &mut i64, rate: u32, burst: u32, lent: u32, dt: u64) {
+    let cap = (burst as i64 - lent as i64) * NANOS;
+    let headroom = (cap - *credit).max(0) as u64;
+    *credit += dt.saturating_mul(rate as u64).min(headroom) as i64;
+}
+
+/// Whole units of `credit` (0 when in debt).
+#[inline(always)]
+fn whole_units(credit: i64) -> u64 {
+    (credit.max(0) / NANOS) as u64
 }
 
 impl Limits {
     /// Full buckets for `rates` with bursts from `burst_window`.
     pub(crate) fn new(now: Instant, rates: FlowRates, burst_window: Duration) -> Self {
-        let ib = clamp_burst(burst_for(rates.max_iops, burst_window));
-        let kb = clamp_burst(burst_for(rates.max_kbps, burst_window));
+        let (ir, kr) = (clamp_rate(rates.max_iops), clamp_rate(rates.max_kbps));
+        let ib = clamp_burst(burst_for(ir as u64, burst_window));
+        let kb = clamp_burst(burst_for(kr as u64, burst_window));
         Limits {
             last: now,
-            iops_rate: rates.max_iops,
             iops_credit: ib as i64 * NANOS,
-            kbps_rate: rates.max_kbps,
             kbps_credit: kb as i64 * NANOS,
+            iops_rate: ir,
+            kbps_rate: kr,
             iops_burst: ib,
             kbps_burst: kb,
+            iops_lent: 0,
+            kbps_lent: 0,
         }
     }
 
@@ -255,12 +295,25 @@ impl Limits {
     fn refill(&mut self, now: Instant) {
         let dt = now.as_nanos().saturating_sub(self.last.as_nanos());
         self.last = self.last.max(now);
-        refill_credit(&mut self.iops_credit, self.iops_rate, self.iops_burst, dt);
-        refill_credit(&mut self.kbps_credit, self.kbps_rate, self.kbps_burst, dt);
+        refill_lent(
+            &mut self.iops_credit,
+            self.iops_rate,
+            self.iops_burst,
+            self.iops_lent,
+            dt,
+        );
+        refill_lent(
+            &mut self.kbps_credit,
+            self.kbps_rate,
+            self.kbps_burst,
+            self.kbps_lent,
+            dt,
+        );
     }
 
     /// Admits an I/O costing `ios` normalized I/Os and `kb` KB at `now`,
     /// charging both buckets, or returns the instant it would be admitted.
+    /// The credit must cover `min(cost, burst − lent)` (at least 1 unit).
     #[inline(always)]
     pub(crate) fn try_take(&mut self, now: Instant, ios: u64, kb: u64) -> Result<(), Instant> {
         if self.iops_rate == 0 && self.kbps_rate == 0 {
@@ -270,12 +323,20 @@ impl Limits {
         let a = if self.iops_rate == 0 {
             0
         } else {
-            shortfall(self.iops_credit, self.iops_burst, ios)
+            shortfall(
+                self.iops_credit,
+                avail_burst(self.iops_burst, self.iops_lent),
+                ios,
+            )
         };
         let b = if self.kbps_rate == 0 {
             0
         } else {
-            shortfall(self.kbps_credit, self.kbps_burst, kb)
+            shortfall(
+                self.kbps_credit,
+                avail_burst(self.kbps_burst, self.kbps_lent),
+                kb,
+            )
         };
         if a == 0 && b == 0 {
             if self.iops_rate != 0 {
@@ -291,8 +352,9 @@ impl Limits {
 
     #[cold]
     fn blocked_until(&self, a: u64, b: u64) -> Instant {
-        let at =
-            |missing: u64, rate: u64| (missing > 0).then(|| ready_at(self.last, missing, rate));
+        let at = |missing: u64, rate: u32| {
+            (missing > 0).then(|| ready_at(self.last, missing, rate as u64))
+        };
         match (at(a, self.iops_rate), at(b, self.kbps_rate)) {
             (Some(x), Some(y)) => x.max(y),
             (Some(x), None) | (None, Some(x)) => x,
@@ -300,23 +362,110 @@ impl Limits {
         }
     }
 
+    /// Lends up to `want_ios` normalized I/Os and `want_kb` KB of the credit
+    /// there is (whole units, after the refill the last
+    /// [`try_take`](Self::try_take) did) to a lane; returns what was lent:
+    /// nothing when either part would be nothing (a lane needs both). An
+    /// unlimited bucket lends what is asked and tracks nothing.
+    #[inline]
+    pub(crate) fn lend(&mut self, want_ios: u32, want_kb: u32) -> (u32, u32) {
+        let have = |rate: u32, credit: i64, want: u32| {
+            if rate == 0 {
+                want
+            } else {
+                whole_units(credit).min(want as u64) as u32
+            }
+        };
+        let ios = have(self.iops_rate, self.iops_credit, want_ios);
+        let kb = have(self.kbps_rate, self.kbps_credit, want_kb);
+        if ios == 0 || kb == 0 {
+            return (0, 0);
+        }
+        if self.iops_rate != 0 {
+            self.iops_credit -= ios as i64 * NANOS;
+            self.iops_lent = self.iops_lent.saturating_add(ios);
+        }
+        if self.kbps_rate != 0 {
+            self.kbps_credit -= kb as i64 * NANOS;
+            self.kbps_lent = self.kbps_lent.saturating_add(kb);
+        }
+        (ios, kb)
+    }
+
+    /// A lane returns a loan of `lent` (as [`lend`](Self::lend) returned
+    /// it) of which `unused` was not spent: the loan ends and the unused
+    /// units are credit again.
+    #[inline]
+    pub(crate) fn repay(&mut self, lent: (u32, u32), unused: (u32, u32)) {
+        if self.iops_rate != 0 {
+            self.iops_lent = self.iops_lent.saturating_sub(lent.0);
+            self.iops_credit += unused.0 as i64 * NANOS;
+        }
+        if self.kbps_rate != 0 {
+            self.kbps_lent = self.kbps_lent.saturating_sub(lent.1);
+            self.kbps_credit += unused.1 as i64 * NANOS;
+        }
+    }
+
+    /// Credit a lane held past the end of its loan (the loans were ended
+    /// with [`end_loans`](Self::end_loans)) comes back, capped as a refill
+    /// is.
+    #[inline]
+    pub(crate) fn restore(&mut self, unused: (u32, u32)) {
+        if self.iops_rate != 0 {
+            refill_lent(
+                &mut self.iops_credit,
+                1,
+                self.iops_burst,
+                self.iops_lent,
+                unused.0 as u64 * NANOS as u64,
+            );
+        }
+        if self.kbps_rate != 0 {
+            refill_lent(
+                &mut self.kbps_credit,
+                1,
+                self.kbps_burst,
+                self.kbps_lent,
+                unused.1 as u64 * NANOS as u64,
+            );
+        }
+    }
+
+    /// Every loan ends (the lanes holding one can no longer spend it).
+    #[inline]
+    pub(crate) fn end_loans(&mut self) {
+        self.iops_lent = 0;
+        self.kbps_lent = 0;
+    }
+
+    /// The rates, units per second (0: unlimited).
+    #[inline]
+    pub(crate) fn rates(&self) -> (u32, u32) {
+        (self.iops_rate, self.kbps_rate)
+    }
+
     /// New rates from `now` on, bursts from `burst_window` (credit earned
     /// until `now` settled at the old rates, then clamped to the new
-    /// bursts: no burst on a change).
+    /// bursts less what is lent: no burst on a change).
     pub(crate) fn set_rates(&mut self, now: Instant, rates: FlowRates, burst_window: Duration) {
         self.refill(now);
-        self.iops_rate = rates.max_iops;
-        self.iops_burst = clamp_burst(burst_for(rates.max_iops, burst_window));
-        self.iops_credit = self.iops_credit.min(self.iops_burst as i64 * NANOS);
-        self.kbps_rate = rates.max_kbps;
-        self.kbps_burst = clamp_burst(burst_for(rates.max_kbps, burst_window));
-        self.kbps_credit = self.kbps_credit.min(self.kbps_burst as i64 * NANOS);
+        self.iops_rate = clamp_rate(rates.max_iops);
+        self.iops_burst = clamp_burst(burst_for(self.iops_rate as u64, burst_window));
+        self.iops_credit = self
+            .iops_credit
+            .min((self.iops_burst as i64 - self.iops_lent as i64) * NANOS);
+        self.kbps_rate = clamp_rate(rates.max_kbps);
+        self.kbps_burst = clamp_burst(burst_for(self.kbps_rate as u64, burst_window));
+        self.kbps_credit = self
+            .kbps_credit
+            .min((self.kbps_burst as i64 - self.kbps_lent as i64) * NANOS);
     }
 
     /// The normalized-IOPS bucket as a [`TokenBucket`].
     pub(crate) fn iops_bucket(&self) -> TokenBucket {
         TokenBucket {
-            rate: self.iops_rate,
+            rate: self.iops_rate as u64,
             credit: self.iops_credit,
             last: self.last,
             burst: self.iops_burst,
@@ -326,12 +475,18 @@ impl Limits {
     /// The KB/s bucket as a [`TokenBucket`].
     pub(crate) fn kbps_bucket(&self) -> TokenBucket {
         TokenBucket {
-            rate: self.kbps_rate,
+            rate: self.kbps_rate as u64,
             credit: self.kbps_credit,
             last: self.last,
             burst: self.kbps_burst,
         }
     }
+}
+
+/// The burst a take may need: `burst − lent`, at least 1 unit.
+#[inline(always)]
+fn avail_burst(burst: u32, lent: u32) -> u32 {
+    burst.saturating_sub(lent).max(1)
 }
 
 /// The rates a worker enforces for one flow (its share of the policy, see

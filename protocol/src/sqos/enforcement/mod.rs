@@ -19,8 +19,9 @@ mod scheduler;
 pub use allocate::{allocate, split, Allocation, FlowDemand, FlowId, WorkerDemand, WorkerId};
 pub use bucket::{
     burst_for, io_cost, kb_cost, FlowLimiter, FlowRates, TokenBucket, DEFAULT_BURST_WINDOW,
-    MAX_BURST,
+    MAX_BURST, MAX_RATE,
 };
 pub use scheduler::{
-    FlowSlot, RequestId, Scheduler, SchedulerConfig, SchedulerError, WindowReport,
+    FlowSlot, Lane, RequestId, Scheduler, SchedulerConfig, SchedulerError, WindowReport,
+    DEFAULT_LANE_LOAN,
 };

@@ -13,6 +13,14 @@ use crate::time::{Duration, Instant};
 
 const NIL: u32 = u32::MAX;
 
+/// Default [`SchedulerConfig::lane_loan`]: 1 ms at the flow's rates, a
+/// twentieth of its 20 ms burst.
+pub const DEFAULT_LANE_LOAN: Duration = Duration::from_millis(1);
+
+/// Normalized I/Os lent to a lane of a flow limited in neither IOPS nor
+/// bandwidth (its lane only saves the trip to the flow for accounting).
+const UNLIMITED_LOAN_IOS: u32 = 64;
+
 /// A caller-chosen request identifier.
 pub type RequestId = u64;
 
@@ -25,6 +33,63 @@ impl FlowSlot {
     /// The slot index.
     pub fn index(self) -> usize {
         self.0 as usize
+    }
+}
+
+/// Credit an Open holds on its flow's behalf, kept in the Open's own
+/// record (so the per-I/O admission reads one cache line, the Open's, and
+/// not the flow's): see [`Scheduler::try_lane`].
+///
+/// The flow lends a lane [`SchedulerConfig::lane_loan`] worth of its rates
+/// at a time, out of the credit its buckets hold; lent credit stays
+/// charged to the flow's buckets (their credit plus what they lent never
+/// exceeds their burst), so the flow's limits hold over its lanes
+/// together. A loan lasts until the accounting window closes or the lane
+/// comes back to the flow (its next I/O the loan does not cover, or
+/// [`Scheduler::release_lane`]); what was not spent is returned then.
+/// Lent credit is accounted as served when lent, and the unspent part is
+/// deducted when returned in the same window: a window's report may count
+/// up to one loan per Open that was lent but not spent.
+///
+/// A lane belongs to one flow slot: [`release_lane`](Scheduler::release_lane)
+/// it before pointing its Open at another flow or closing the Open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    /// Low 32 bits of the window the loan was made in.
+    epoch: u32,
+    /// Unspent normalized I/Os and KB.
+    ios: u32,
+    kb: u32,
+    /// The loan as made.
+    lent_ios: u32,
+    lent_kb: u32,
+}
+
+impl Lane {
+    /// A lane holding nothing.
+    pub const EMPTY: Lane = Lane {
+        epoch: 0,
+        ios: 0,
+        kb: 0,
+        lent_ios: 0,
+        lent_kb: 0,
+    };
+
+    /// Unspent normalized I/Os and KB of its loan (accounted as served
+    /// until returned).
+    pub fn unspent(&self) -> (u32, u32) {
+        (self.ios, self.kb)
+    }
+
+    /// True when it holds no loan.
+    pub fn is_empty(&self) -> bool {
+        self.lent_ios | self.lent_kb | self.ios | self.kb == 0
+    }
+}
+
+impl Default for Lane {
+    fn default() -> Self {
+        Lane::EMPTY
     }
 }
 
@@ -50,6 +115,10 @@ pub struct SchedulerConfig {
     pub window: Duration,
     /// Burst window of the limit and reservation buckets.
     pub burst_window: Duration,
+    /// How much credit a flow lends an Open's [`Lane`] at a time: this long
+    /// at the flow's rates, at most 1 s (zero: no loans, every I/O reaches
+    /// the flow).
+    pub lane_loan: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -60,6 +129,7 @@ impl Default for SchedulerConfig {
             base_io_size: DEFAULT_BASE_IO_SIZE,
             window: Duration::from_millis(100),
             burst_window: super::bucket::DEFAULT_BURST_WINDOW,
+            lane_loan: DEFAULT_LANE_LOAN,
         }
     }
 }
@@ -410,6 +480,117 @@ impl Scheduler {
             .map_or(core::ptr::null(), |h| h as *const Hot as *const u8)
     }
 
+    /// [`try_now`](Self::try_now) through the Open's `lane` for `slot`:
+    /// when nothing waits and the lane's loan covers the I/O, it is spent
+    /// from the lane without touching the flow's records (one memory trip:
+    /// the Open's). Otherwise the lane comes back to the flow: its unspent
+    /// loan is returned, the I/O is admitted as by `try_now` (false when
+    /// the limits refuse it: the caller enqueues it) and, when admitted, the
+    /// lane gets a new loan out of the credit left.
+    #[inline]
+    pub fn try_lane(&mut self, now: Instant, slot: FlowSlot, lane: &mut Lane, bytes: u64) -> bool {
+        if !self.active.is_empty() {
+            return false;
+        }
+        self.tick(now);
+        let ios = self.cost(bytes);
+        let kb = kb_cost(bytes);
+        if lane.epoch == self.epoch as u32 && u64::from(lane.ios) >= ios && u64::from(lane.kb) >= kb
+        {
+            // Both fit in 32 bits: they are at most the lane's.
+            lane.ios -= ios as u32;
+            lane.kb -= kb as u32;
+            return true;
+        }
+        self.try_lane_slow(now, slot, lane, ios, kb)
+    }
+
+    /// [`try_lane`](Self::try_lane) when the lane does not cover the I/O.
+    #[inline(never)]
+    fn try_lane_slow(
+        &mut self,
+        now: Instant,
+        slot: FlowSlot,
+        lane: &mut Lane,
+        ios: u64,
+        kb: u64,
+    ) -> bool {
+        let i = slot.index();
+        let epoch = self.epoch as u32;
+        let loan = self.cfg.lane_loan.as_nanos();
+        let base_kb = (self.cfg.base_io_size / 1024).max(1);
+        let Some(h) = self.hot.get_mut(i) else {
+            *lane = Lane::EMPTY;
+            return false;
+        };
+        if h.flags & OPEN == 0 {
+            *lane = Lane::EMPTY;
+            return false;
+        }
+        Self::settle(h, lane, epoch);
+        if h.limits.try_take(now, ios, kb).is_err() {
+            return false;
+        }
+        let (want_ios, want_kb) = loan_size(h.limits.rates(), loan, base_kb);
+        let (li, lk) = h.limits.lend(want_ios, want_kb);
+        let (ti, tk) = (ios.saturating_add(li as u64), kb.saturating_add(lk as u64));
+        h.fast_ios = h.fast_ios.saturating_add(ti.min(u32::MAX as u64) as u32);
+        h.fast_kb = h.fast_kb.saturating_add(tk.min(u32::MAX as u64) as u32);
+        if h.flags & RESERVED != 0 {
+            self.cold[i].reservation.take_saturating(now, ti);
+        }
+        Self::touch(h, &mut self.touched, i);
+        *lane = Lane {
+            epoch,
+            ios: li,
+            kb: lk,
+            lent_ios: li,
+            lent_kb: lk,
+        };
+        true
+    }
+
+    /// Ends `lane`'s loan: in the window it was made in, the unspent part
+    /// is credit again and is no longer accounted as served; after that
+    /// window (the loan already ended) the unspent part is credit again,
+    /// capped at the burst.
+    #[inline]
+    fn settle(h: &mut Hot, lane: &mut Lane, epoch: u32) {
+        if lane.is_empty() {
+            return;
+        }
+        let unused = (lane.ios, lane.kb);
+        if lane.epoch == epoch {
+            h.limits.repay((lane.lent_ios, lane.lent_kb), unused);
+            h.fast_ios = h.fast_ios.saturating_sub(unused.0);
+            h.fast_kb = h.fast_kb.saturating_sub(unused.1);
+        } else {
+            h.limits.restore(unused);
+        }
+        *lane = Lane::EMPTY;
+    }
+
+    /// Returns `lane`'s loan to `slot` (see [`Lane`]) and empties it; call
+    /// before the lane's Open closes or is pointed at another flow.
+    pub fn release_lane(&mut self, slot: FlowSlot, lane: &mut Lane) {
+        let epoch = self.epoch as u32;
+        match self.hot.get_mut(slot.index()) {
+            Some(h) if h.flags & OPEN != 0 => Self::settle(h, lane, epoch),
+            _ => *lane = Lane::EMPTY,
+        }
+    }
+
+    /// True when `lane` holds a loan of this window covering an I/O of
+    /// `bytes` ([`try_lane`](Self::try_lane) will not need the flow's
+    /// records if nothing is queued): when false, the caller may prefetch
+    /// [`flow_addr`](Self::flow_addr).
+    #[inline]
+    pub fn lane_covers(&self, lane: &Lane, bytes: u64) -> bool {
+        lane.epoch == self.epoch as u32
+            && u64::from(lane.ios) >= self.cost(bytes)
+            && u64::from(lane.kb) >= kb_cost(bytes)
+    }
+
     /// True when no request is waiting.
     pub fn is_idle(&self) -> bool {
         self.active.is_empty()
@@ -483,6 +664,9 @@ impl Scheduler {
         if h.flags & OPEN == 0 {
             return;
         }
+        // Lanes' loans last one window (what they did not spend is
+        // accounted as served in it, see `Lane`).
+        h.limits.end_loans();
         let offered = f.offered + h.fast_ios as u64;
         let served = f.served + h.fast_ios as u64;
         let served_kb = f.served_kb + h.fast_kb as u64;
@@ -663,6 +847,28 @@ const IDLE_REPORT: WindowReport = WindowReport {
     served_kb: 0,
     reservation_met: true,
 };
+
+/// Normalized I/Os and KB to lend a lane of a flow with `rates` (units
+/// per second, 0 unlimited): `loan_ns` worth of each limited rate; an
+/// unlimited dimension gets what the other allows (a normalized I/O moves
+/// at most `base_kb` KB; a KB costs at most one normalized I/O), and a flow
+/// limited in neither gets [`UNLIMITED_LOAN_IOS`].
+#[inline]
+fn loan_size((iops, kbps): (u32, u32), loan_ns: u64, base_kb: u32) -> (u32, u32) {
+    if loan_ns == 0 {
+        return (0, 0);
+    }
+    // At most 1 s: the product fits in 64 bits (and the division by a
+    // constant is a multiplication).
+    let loan_ns = loan_ns.min(1_000_000_000);
+    let of = |rate: u32| (rate as u64 * loan_ns / 1_000_000_000) as u32;
+    match (iops, kbps) {
+        (0, 0) => (UNLIMITED_LOAN_IOS, UNLIMITED_LOAN_IOS * base_kb),
+        (0, k) => (of(k), of(k)),
+        (i, 0) => (of(i), of(i).saturating_mul(base_kb)),
+        (i, k) => (of(i), of(k)),
+    }
+}
 
 fn reserved_flag(rates: FlowRates) -> u32 {
     if rates.min_iops != 0 {
