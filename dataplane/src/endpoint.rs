@@ -24,6 +24,7 @@ use crate::provider::{
     WcOpcode, WcStatus,
 };
 use crate::upper::{Backpressure, RdmaError, RdmaKind, Ticket};
+use crate::zerocopy::{unpin_encoded, Piece, Pins, PIECE_BYTES};
 use smbdirect_hugepages::{AllocError, BufId, BufferPool, ClassId, SliceAllocator};
 use smbdirect_protocol::smbd::rdma_slice;
 use smbdirect_protocol::smbd::read_depth::ReadDepth;
@@ -51,6 +52,12 @@ pub const RDMA_OPS_PER_CONNECTION: usize = 32;
 /// Most work requests chained in one `post_send` (one per descriptor
 /// segment); an operation with more segments is posted in several chains.
 const RDMA_CHAIN: usize = 16;
+/// Most SGEs per RDMA work request of a zero-copy operation (one per store
+/// block it spans); the endpoint uses at most what the queue pair was
+/// created with ([`Endpoint::set_max_sge`]).
+pub const RDMA_MAX_SGE: usize = 8;
+/// Most pieces one zero-copy operation may have.
+pub const RDMA_MAX_PIECES: usize = 1024;
 
 // RDMA work-request id layout (below the 2 kind bits): op slot, work
 // requests in the chain, "last of its chain", low bits of the op's ticket.
@@ -202,13 +209,17 @@ struct Op {
     state: OpState,
     kind: RdmaKind,
     ticket: Ticket,
-    /// The local data buffer (pool).
+    /// The local data buffer (pool); None for a zero-copy operation.
     data: Option<BufId>,
     len: u32,
-    /// Pool buffer holding the descriptors as received, then the context.
+    /// Pool buffer holding the descriptors as received, then the context,
+    /// then (zero-copy) the encoded pieces.
     aux: Option<BufId>,
     descs_len: u32,
     ctx_len: u32,
+    /// Zero-copy: pieces of local memory (pinned by the upper layer) in
+    /// place of `data`, encoded after the context; 0 otherwise.
+    pieces: u16,
     /// Offset into the buffer the descriptors describe.
     offset: u64,
     /// Bytes whose work requests are posted.
@@ -230,12 +241,19 @@ impl Op {
         aux: None,
         descs_len: 0,
         ctx_len: 0,
+        pieces: 0,
         offset: 0,
         posted: 0,
         wrs: 0,
         chains: 0,
         cont: None,
     };
+
+    /// Where its encoded pieces lie in the aux buffer.
+    fn pieces_range(&self) -> core::ops::Range<usize> {
+        let start = (self.descs_len + self.ctx_len) as usize;
+        start..start + self.pieces as usize * PIECE_BYTES
+    }
 }
 
 /// What the worker hands the upper layer for a finished operation.
@@ -244,7 +262,8 @@ pub(crate) struct DoneOp {
     pub slot: usize,
     pub ticket: Ticket,
     pub kind: RdmaKind,
-    pub data: BufId,
+    /// None: a zero-copy operation (the data is in the upper layer's memory).
+    pub data: Option<BufId>,
     pub len: u32,
     pub aux: BufId,
     pub descs_len: u32,
@@ -266,6 +285,10 @@ pub struct RdmaOps {
     wrs_in_flight: u32,
     next_ticket: u64,
     stats: RdmaStats,
+    /// Releases the pins of zero-copy operations (set by the first one).
+    pins: Option<Arc<dyn Pins>>,
+    /// SGEs per work request a zero-copy operation may use.
+    max_sge: usize,
 }
 
 /// A pool buffer of at least `len` bytes: the smallest class that holds it,
@@ -296,13 +319,33 @@ fn alloc_at_least(
     }
 }
 
-/// One chain of RDMA work requests: per segment, one SGE into the op's data
-/// buffer and the peer buffer it moves to or from.
+/// One chain of RDMA work requests: per work request, its SGEs (one into
+/// the op's data buffer, or up to [`RDMA_MAX_SGE`] pieces of a zero-copy
+/// op) and the peer buffer it moves to or from.
 struct Chain {
-    sges: [[Sge; 1]; RDMA_CHAIN],
+    sges: [[Sge; RDMA_MAX_SGE]; RDMA_CHAIN],
+    nsge: [usize; RDMA_CHAIN],
     remotes: [RemoteBuf; RDMA_CHAIN],
     n: usize,
     bytes: u32,
+}
+
+impl Chain {
+    const EMPTY_SGE: Sge = Sge {
+        addr: 0,
+        len: 0,
+        lkey: 0,
+    };
+
+    fn new() -> Self {
+        Chain {
+            sges: [[Self::EMPTY_SGE; RDMA_MAX_SGE]; RDMA_CHAIN],
+            nsge: [0; RDMA_CHAIN],
+            remotes: [RemoteBuf { addr: 0, rkey: 0 }; RDMA_CHAIN],
+            n: 0,
+            bytes: 0,
+        }
+    }
 }
 
 /// The next (up to `room`) segments of `op` from where its posting stopped:
@@ -313,24 +356,82 @@ fn next_chain(op: &Op, descs: &[u8], base: u64, mr: MemoryRegion, room: usize) -
     let arr = BufferDescriptorArray::new_checked(descs).ok()?;
     let posted = u64::from(op.posted);
     let segs = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted)).ok()?;
-    let mut c = Chain {
-        sges: [[Sge {
-            addr: 0,
-            len: 0,
-            lkey: 0,
-        }]; RDMA_CHAIN],
-        remotes: [RemoteBuf { addr: 0, rkey: 0 }; RDMA_CHAIN],
-        n: 0,
-        bytes: 0,
-    };
+    let mut c = Chain::new();
     for seg in segs.take(room.min(RDMA_CHAIN)) {
-        c.sges[c.n] = [mr.sge(base + posted + seg.local_offset, seg.length)];
+        c.sges[c.n][0] = mr.sge(base + posted + seg.local_offset, seg.length);
+        c.nsge[c.n] = 1;
         c.remotes[c.n] = RemoteBuf {
             addr: seg.remote_offset,
             rkey: seg.token,
         };
         c.bytes += seg.length;
         c.n += 1;
+    }
+    (c.n > 0).then_some(c)
+}
+
+/// [`next_chain`] for a zero-copy op: the local side is its `pieces`
+/// (encoded), gathered up to `max_sge` per work request; a segment spanning
+/// more pieces than that is split into several work requests at
+/// consecutive peer addresses. None if nothing is left, the descriptors do
+/// not slice or the pieces are shorter than the transfer.
+fn next_chain_pieces(
+    op: &Op,
+    descs: &[u8],
+    pieces: &[u8],
+    room: usize,
+    max_sge: usize,
+) -> Option<Chain> {
+    let arr = BufferDescriptorArray::new_checked(descs).ok()?;
+    let posted = u64::from(op.posted);
+    let segs = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted)).ok()?;
+    let count = pieces.len() / PIECE_BYTES;
+    let piece = |i: usize| Piece::decode(&pieces[i * PIECE_BYTES..]);
+    // The piece holding transfer byte `posted`, and where it starts.
+    let (mut pi, mut pstart) = (0usize, 0u64);
+    while pi < count && pstart + u64::from(piece(pi).sge.len) <= posted {
+        pstart += u64::from(piece(pi).sge.len);
+        pi += 1;
+    }
+    let (mut pos, room, max_sge) = (posted, room.min(RDMA_CHAIN), max_sge.clamp(1, RDMA_MAX_SGE));
+    let mut c = Chain::new();
+    'segs: for seg in segs {
+        let seg_len = u64::from(seg.length);
+        let mut seg_done = 0u64;
+        while seg_done < seg_len {
+            if c.n == room {
+                break 'segs;
+            }
+            let (k, mut ns, mut wr_bytes) = (c.n, 0usize, 0u64);
+            while ns < max_sge && seg_done + wr_bytes < seg_len {
+                if pi >= count {
+                    return None;
+                }
+                let p = piece(pi);
+                let in_piece = pos - pstart;
+                let take = (u64::from(p.sge.len) - in_piece).min(seg_len - seg_done - wr_bytes);
+                c.sges[k][ns] = Sge {
+                    addr: p.sge.addr + in_piece,
+                    len: take as u32,
+                    lkey: p.sge.lkey,
+                };
+                ns += 1;
+                wr_bytes += take;
+                pos += take;
+                if pos == pstart + u64::from(p.sge.len) {
+                    pstart = pos;
+                    pi += 1;
+                }
+            }
+            c.remotes[k] = RemoteBuf {
+                addr: seg.remote_offset + seg_done,
+                rkey: seg.token,
+            };
+            c.nsge[k] = ns;
+            c.n += 1;
+            c.bytes += wr_bytes as u32;
+            seg_done += wr_bytes;
+        }
     }
     (c.n > 0).then_some(c)
 }
@@ -358,6 +459,8 @@ impl RdmaOps {
             wrs_in_flight: 0,
             next_ticket: 1,
             stats: RdmaStats::default(),
+            pins: None,
+            max_sge: 1,
         }
     }
 
@@ -399,6 +502,7 @@ impl RdmaOps {
 
     /// Validates a request and copies `descs` and `context` into one pool
     /// buffer; returns it with the descriptors' length.
+    #[allow(clippy::too_many_arguments)]
     fn stage_aux(
         alloc: &mut SliceAllocator,
         pool: &BufferPool,
@@ -406,16 +510,24 @@ impl RdmaOps {
         offset: u64,
         len: u32,
         context: &[u8],
+        pieces: &[Piece],
     ) -> Result<(BufId, u32, u32), RdmaError> {
         let arr = BufferDescriptorArray::new_checked(descs).map_err(RdmaError::Malformed)?;
         rdma_slice::slice(&arr, offset, u64::from(len)).map_err(RdmaError::Descriptors)?;
-        let aux_len = descs.len() + context.len();
+        let head = descs.len() + context.len();
+        let aux_len = head + pieces.len() * PIECE_BYTES;
         let aux = alloc_at_least(alloc, pool, aux_len).map_err(map_alloc)?;
         // SAFETY: `aux` was just allocated and is exclusively ours.
         match unsafe { pool.bytes_mut(aux) } {
             Some(b) if b.len() >= aux_len => {
                 b[..descs.len()].copy_from_slice(descs);
-                b[descs.len()..aux_len].copy_from_slice(context);
+                b[descs.len()..head].copy_from_slice(context);
+                for (p, out) in pieces
+                    .iter()
+                    .zip(b[head..aux_len].chunks_exact_mut(PIECE_BYTES))
+                {
+                    p.encode(out);
+                }
             }
             _ => {
                 let _ = alloc.free(aux);
@@ -449,7 +561,8 @@ impl RdmaOps {
         let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
             return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
         };
-        let (aux, descs_len, ctx_len) = Self::stage_aux(alloc, pool, descs, offset, len, context)?;
+        let (aux, descs_len, ctx_len) =
+            Self::stage_aux(alloc, pool, descs, offset, len, context, &[])?;
         let data = match alloc_at_least(alloc, pool, len as usize) {
             Ok(d) => d,
             Err(e) => {
@@ -478,6 +591,7 @@ impl RdmaOps {
             aux: Some(aux),
             descs_len,
             ctx_len,
+            pieces: 0,
             offset,
             posted: 0,
             wrs: 0,
@@ -485,6 +599,100 @@ impl RdmaOps {
             cont: None,
         };
         // Cannot exceed the capacity: one entry per non-free slot at most.
+        self.pending.push_back(slot as u16);
+        Ok(ticket)
+    }
+
+    /// Stages a zero-copy operation (see
+    /// [`crate::upper::Replies::rdma_write_pieces`]): the local side is
+    /// `pieces` (registered memory of the upper layer, pinned), which must
+    /// add up to `len`. Whatever the outcome, the pins are released through
+    /// `pins` once no work request can touch the pieces: at once if this
+    /// fails.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn stage_pieces(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        kind: RdmaKind,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        max_len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+        pins: &Arc<dyn Pins>,
+    ) -> Result<Ticket, RdmaError> {
+        let r = self.stage_pieces_inner(
+            alloc, pool, kind, descs, offset, len, max_len, context, pieces,
+        );
+        match r {
+            Ok(t) => {
+                if self.pins.is_none() {
+                    self.pins = Some(Arc::clone(pins));
+                }
+                Ok(t)
+            }
+            Err(e) => {
+                for p in pieces {
+                    if p.pin != crate::zerocopy::NO_PIN {
+                        pins.unpin(p);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stage_pieces_inner(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        kind: RdmaKind,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        max_len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+    ) -> Result<Ticket, RdmaError> {
+        if len > max_len {
+            return Err(RdmaError::TooLarge {
+                len: u64::from(len),
+                max: u64::from(max_len),
+            });
+        }
+        let total: u64 = pieces.iter().map(|p| u64::from(p.sge.len)).sum();
+        if pieces.is_empty()
+            || pieces.len() > RDMA_MAX_PIECES
+            || total != u64::from(len)
+            || pieces.iter().any(|p| p.sge.len == 0)
+        {
+            return Err(RdmaError::NotAvailable);
+        }
+        let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
+            return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
+        };
+        let (aux, descs_len, ctx_len) =
+            Self::stage_aux(alloc, pool, descs, offset, len, context, pieces)?;
+        let ticket = self.take_ticket();
+        self.ops[slot] = Op {
+            state: OpState::Staged,
+            kind,
+            ticket,
+            data: None,
+            len,
+            aux: Some(aux),
+            descs_len,
+            ctx_len,
+            pieces: pieces.len() as u16,
+            offset,
+            posted: 0,
+            wrs: 0,
+            chains: 0,
+            cont: None,
+        };
         self.pending.push_back(slot as u16);
         Ok(ticket)
     }
@@ -501,11 +709,15 @@ impl RdmaOps {
         context: &[u8],
     ) -> Result<Ticket, RdmaError> {
         let op = self.ops.get(slot).copied().ok_or(RdmaError::NotAvailable)?;
-        if op.state != OpState::Done || op.kind != RdmaKind::Read || op.cont.is_some() {
+        if op.state != OpState::Done
+            || op.kind != RdmaKind::Read
+            || op.cont.is_some()
+            || op.data.is_none()
+        {
             return Err(RdmaError::NotAvailable);
         }
         let (aux, descs_len, ctx_len) =
-            Self::stage_aux(alloc, pool, descs, offset, op.len, context)?;
+            Self::stage_aux(alloc, pool, descs, offset, op.len, context, &[])?;
         let ticket = self.take_ticket();
         self.ops[slot].cont = Some(Continuation {
             ticket,
@@ -551,7 +763,7 @@ impl RdmaOps {
                 op.posted = 0;
                 self.pending.push_back(slot as u16);
             }
-            None => Self::free_op(op, alloc),
+            None => Self::free_op(op, alloc, self.pins.as_deref()),
         }
     }
 
@@ -563,7 +775,7 @@ impl RdmaOps {
             if op.state != OpState::Staged {
                 break;
             }
-            Self::free_op(op, alloc);
+            Self::free_op(op, alloc, self.pins.as_deref());
             self.pending.pop_back();
         }
         if let Some(op) = completing.and_then(|s| self.ops.get_mut(s)) {
@@ -573,7 +785,20 @@ impl RdmaOps {
         }
     }
 
-    fn free_op(op: &mut Op, alloc: &mut SliceAllocator) {
+    /// Frees `op`'s buffers and releases the pins of its pieces (nothing of
+    /// it is in flight).
+    fn free_op(op: &mut Op, alloc: &mut SliceAllocator, pins: Option<&dyn Pins>) {
+        if op.pieces > 0 {
+            if let (Some(pins), Some(aux)) = (pins, op.aux) {
+                // SAFETY: the aux buffer belongs to this op and is never
+                // given to the provider; the op is being freed.
+                if let Some(b) =
+                    unsafe { alloc.pool().bytes(aux) }.and_then(|b| b.get(op.pieces_range()))
+                {
+                    unpin_encoded(pins, b);
+                }
+            }
+        }
         for b in [op.data.take(), op.aux.take(), op.cont.take().map(|c| c.aux)]
             .into_iter()
             .flatten()
@@ -591,7 +816,7 @@ impl RdmaOps {
             slot,
             ticket: op.ticket,
             kind: op.kind,
-            data: op.data?,
+            data: op.data,
             len: op.len,
             aux: op.aux?,
             descs_len: op.descs_len,
@@ -603,7 +828,7 @@ impl RdmaOps {
     pub(crate) fn release_idle(&mut self, alloc: &mut SliceAllocator) {
         for op in self.ops.iter_mut() {
             if op.state != OpState::Free && op.chains == 0 {
-                Self::free_op(op, alloc);
+                Self::free_op(op, alloc, self.pins.as_deref());
             }
         }
         let ops = &self.ops;
@@ -718,6 +943,16 @@ impl<Q: QueuePair> Endpoint<Q> {
     pub fn enable_rdma(&mut self, capacity: usize) {
         let (_ird, ord) = self.qp.ird_ord();
         self.rdma = Some(RdmaOps::new(capacity, ord));
+    }
+
+    /// SGEs per work request the queue pair was created with
+    /// ([`crate::provider::QpCaps::max_sge`]): zero-copy RDMA gathers up to
+    /// that many (at most [`RDMA_MAX_SGE`]) pieces per work request. Call
+    /// after [`Endpoint::enable_rdma`].
+    pub fn set_max_sge(&mut self, max_sge: u32) {
+        if let Some(r) = self.rdma.as_mut() {
+            r.max_sge = (max_sge as usize).clamp(1, RDMA_MAX_SGE);
+        }
     }
 
     /// The RDMA operations, if enabled.
@@ -1022,7 +1257,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             OpState::Queued if op.posted < op.len && self.failed.is_none() => {}
             OpState::Failed | OpState::Queued => {
                 // Nothing of it in flight any more: its buffers go home.
-                RdmaOps::free_op(op, alloc);
+                RdmaOps::free_op(op, alloc, r.pins.as_deref());
                 let ops = &r.ops;
                 r.pending
                     .retain(|&s| ops[s as usize].state != OpState::Free);
@@ -1059,6 +1294,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         let Some(r) = self.rdma.as_mut() else {
             return Ok(());
         };
+        let max_sge = r.max_sge;
         // (error, whether the connection is lost) once the loop stops.
         let mut failure: Option<(WcStatus, bool)> = None;
         let mut i = 0;
@@ -1081,24 +1317,31 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             // SAFETY: the aux buffer belongs to this op and is never given to
             // the provider; nothing writes it while the op lives.
-            let descs = op
-                .aux
-                .and_then(|aux| unsafe { pool.bytes(aux) })
-                .and_then(|b| b.get(..op.descs_len as usize));
-            let base = op
-                .data
-                .and_then(|d| pool.locate(d))
-                .map(|l| l.offset as u64);
+            let aux = op.aux.and_then(|aux| unsafe { pool.bytes(aux) });
+            let descs = aux.and_then(|b| b.get(..op.descs_len as usize));
+            let chain = if op.pieces > 0 {
+                let pieces = aux.and_then(|b| b.get(op.pieces_range()));
+                descs
+                    .zip(pieces)
+                    .and_then(|(d, p)| next_chain_pieces(&op, d, p, room, max_sge))
+            } else {
+                let base = op
+                    .data
+                    .and_then(|d| pool.locate(d))
+                    .map(|l| l.offset as u64);
+                descs
+                    .zip(base)
+                    .and_then(|(descs, base)| next_chain(&op, descs, base, mr, room))
+            };
             // Validated when the op was staged: failing here is a bug,
             // reported as a local protection error rather than a panic.
             let Some(Chain {
                 sges,
+                nsge,
                 remotes,
                 n,
                 bytes,
-            }) = descs
-                .zip(base)
-                .and_then(|(descs, base)| next_chain(&op, descs, base, mr, room))
+            }) = chain
             else {
                 failure = Some((WcStatus::LocalProtectionError, false));
                 break;
@@ -1107,11 +1350,11 @@ impl<Q: QueuePair> Endpoint<Q> {
                 wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
                 op: match op.kind {
                     RdmaKind::Read => SendOp::RdmaRead {
-                        sges: &sges[k],
+                        sges: &sges[k][..nsge[k]],
                         remote: remotes[k],
                     },
                     RdmaKind::Write => SendOp::RdmaWrite {
-                        sges: &sges[k],
+                        sges: &sges[k][..nsge[k]],
                         remote: remotes[k],
                     },
                 },
@@ -1612,7 +1855,7 @@ mod tests {
             assert!(r.ep.qp().reads_outstanding <= 2, "reads posted beyond ORD");
             while let Some(d) = r.ep.rdma().unwrap().peek_done() {
                 // SAFETY: the op is done; nothing writes its buffer.
-                let data = unsafe { r.pool.bytes(d.data) }.unwrap()[..d.len as usize].to_vec();
+                let data = unsafe { r.pool.bytes(d.data.unwrap()) }.unwrap()[..d.len as usize].to_vec();
                 done.push((d.ticket, d.kind, data));
                 with_replies(&mut r, Some(d.slot), |_| Ok(())).unwrap();
             }

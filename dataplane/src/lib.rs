@@ -11,3 +11,4 @@ pub mod ratelog;
 pub mod smb2;
 pub mod upper;
 pub mod worker;
+pub mod zerocopy;

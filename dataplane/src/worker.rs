@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Sends in flight per connection (the queue pair's send depth).
     pub send_depth: u32,
+    /// SGEs per work request of the connections' queue pairs.
+    pub max_sge: u32,
 }
 
 struct Slot<Q: QueuePair> {
@@ -395,6 +397,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         ep.defer_negotiation(true);
         ep.set_send_depth(self.cfg.send_depth);
         ep.enable_rdma(self.rdma_ops);
+        ep.set_max_sge(self.cfg.max_sge);
         if let Some(h) = &self.capture {
             // The peer's QP number is not exposed by every provider: a
             // stable synthetic one keeps the two directions distinct.
@@ -499,7 +502,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     // SAFETY: the op is done: no work request of it is in
                     // flight and nothing writes its buffers until the
                     // handler returns (a write-back posts after commit).
-                    let data = unsafe { self.pool.bytes(op.data) }
+                    let data = op
+                        .data
+                        .and_then(|d| unsafe { self.pool.bytes(d) })
                         .and_then(|b| b.get(..op.len as usize))
                         .unwrap_or(&[]);
                     // SAFETY: as above; the aux buffer is never posted.
@@ -512,6 +517,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         ticket: op.ticket,
                         kind: op.kind,
                         data,
+                        len: op.len,
+                        zero_copy: op.data.is_none(),
                         context,
                     };
                     let mut out = Replies {

@@ -42,8 +42,10 @@ pub mod memstore;
 pub mod store;
 
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
+use crate::provider::MemoryRegion;
 use crate::ratelog::{suppressed_note, RateLimited};
 use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo, UpperLayer};
+use crate::zerocopy::{Piece, Pins};
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::auth;
 use smbdirect_protocol::smb2::*;
@@ -51,6 +53,7 @@ use smbdirect_protocol::sqos::enforcement::{FlowSlot, Scheduler, SchedulerConfig
 use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
 use smbdirect_protocol::time::Instant as PInstant;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use store::{Disposition, Handle, OpenRequest, Poll, Store};
 
 /// Credits a connection may hold outstanding.
@@ -494,7 +497,23 @@ struct Core {
     /// refused with STATUS_DISK_FULL.
     pool_stalls: u64,
     store_full: u64,
+    /// Zero-copy RDMA to and from the store, when it offers it and its
+    /// memory is registered ([`UpperLayer::set_zero_copy_regions`]).
+    zc: Option<ZeroCopyState>,
 }
+
+/// What zero-copy READ and WRITE need: the lkeys of the store's regions,
+/// its pin releaser and a scatter list to fill (allocated once).
+struct ZeroCopyState {
+    lkeys: Vec<u32>,
+    pins: Arc<dyn Pins>,
+    pieces: Vec<Piece>,
+}
+
+/// Pieces one zero-copy transfer may have (more: staged instead). One per
+/// memory-store block, fewer where neighbouring blocks merge: 8 MiB of
+/// 64 KiB blocks, plus one for an unaligned start.
+const ZC_MAX_PIECES: usize = 129;
 
 /// Kinds of peer misbehaviour logged at most once a second each.
 #[derive(Debug, Clone, Copy)]
@@ -566,6 +585,7 @@ impl Smb2Server {
                 warn_log: [RateLimited::new(std::time::Duration::from_secs(1)); 3],
                 pool_stalls: 0,
                 store_full: 0,
+                zc: None,
             },
             conns: HashMap::new(),
             scratch: vec![0u8; SCRATCH_LEN],
@@ -949,6 +969,32 @@ impl Core {
 
     fn stage(&mut self, p: &Plan<'_>, out: &mut Replies<'_>) -> Result<(), RdmaError> {
         let tag = le64(&p.ctx, 40);
+        if let Some(zc) = self.zc.as_mut() {
+            // Zero-copy: the data moves between the client and the store's
+            // blocks directly (pinned until the transfer ends).
+            let pinned = match p.kind {
+                RdmaKind::Write => {
+                    self.store
+                        .pin_read(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
+                }
+                RdmaKind::Read => {
+                    self.store
+                        .pin_write(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
+                }
+            };
+            if let Some(n) = pinned {
+                let pieces = &zc.pieces[..n];
+                return match p.kind {
+                    RdmaKind::Write => {
+                        out.rdma_write_pieces(p.descs, 0, p.len, &p.ctx, pieces, &zc.pins)
+                    }
+                    RdmaKind::Read => {
+                        out.rdma_read_pieces(p.descs, 0, p.len, &p.ctx, pieces, &zc.pins)
+                    }
+                }
+                .map(|_| ());
+            }
+        }
         match p.kind {
             RdmaKind::Write => {
                 let store = &mut self.store;
@@ -2038,7 +2084,7 @@ impl Core {
         conn: ConnId,
         handle: Handle,
         offset: u64,
-        data: &[u8],
+        done: &RdmaDone<'_>,
         ctx: &[u8],
         conn_ref: Option<&Conn>,
         out: &mut Replies<'_>,
@@ -2047,7 +2093,13 @@ impl Core {
         let Ok(h) = HeaderRepr::from_bytes(ctx.get(CTX_HEADER..).unwrap_or(&[])) else {
             return Ok(());
         };
-        let r = match self.store.write(tag, handle, offset, data) {
+        let written = if done.zero_copy {
+            // The RDMA Read placed the data in the file's blocks.
+            Poll::Ready(self.store.write_pinned(handle, offset, done.len))
+        } else {
+            self.store.write(tag, handle, offset, done.data)
+        };
+        let r = match written {
             Poll::Pending => {
                 let mut c = [0u8; CTX_LEN];
                 c.copy_from_slice(&ctx[..CTX_LEN]);
@@ -2254,8 +2306,15 @@ impl UpperLayer for Smb2Server {
                 return Ok(());
             };
             match (done.kind, handle) {
-                (RdmaKind::Write, _) => ex.rdma = Some(Ok(done.data.len() as u32)),
+                (RdmaKind::Write, _) => ex.rdma = Some(Ok(done.len)),
                 (RdmaKind::Read, None) => ex.rdma = Some(Err(STATUS_FILE_CLOSED)),
+                (RdmaKind::Read, Some(h)) if done.zero_copy => {
+                    ex.rdma = Some(
+                        core.store
+                            .write_pinned(h, offset, done.len)
+                            .map_err(|e| e.status()),
+                    )
+                }
                 (RdmaKind::Read, Some(h)) => match core.store.write(tag, h, offset, done.data) {
                     Poll::Pending => {
                         ex.rdma_store = true;
@@ -2280,7 +2339,7 @@ impl UpperLayer for Smb2Server {
             }
             // RDMA Read finished: a WRITE's data is here.
             RdmaKind::Read => match handle {
-                Some(hd) => core.finish_write(conn, hd, offset, done.data, ctx, conn_ref, out),
+                Some(hd) => core.finish_write(conn, hd, offset, done, ctx, conn_ref, out),
                 None => {
                     let mut buf = [0u8; HEADER_LEN + 64];
                     let n = error_message(&h, STATUS_FILE_CLOSED, &mut buf);
@@ -2409,6 +2468,36 @@ impl UpperLayer for Smb2Server {
             );
         }
         any
+    }
+
+    fn zero_copy_regions(&self) -> Vec<(usize, usize)> {
+        self.core
+            .store
+            .zero_copy()
+            .map(|z| z.regions)
+            .unwrap_or_default()
+    }
+
+    fn set_zero_copy_regions(&mut self, mrs: &[MemoryRegion]) {
+        if let Some(z) = self.core.store.zero_copy() {
+            if z.regions.len() == mrs.len() {
+                self.core.zc = Some(ZeroCopyState {
+                    lkeys: mrs.iter().map(|m| m.lkey).collect(),
+                    pins: z.pins,
+                    pieces: vec![
+                        Piece {
+                            sge: crate::provider::Sge {
+                                addr: 0,
+                                len: 0,
+                                lkey: 0,
+                            },
+                            pin: crate::zerocopy::NO_PIN,
+                        };
+                        ZC_MAX_PIECES
+                    ],
+                });
+            }
+        }
     }
 
     fn on_control(&mut self, msg: UpperControl) {
