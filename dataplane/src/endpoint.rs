@@ -1686,27 +1686,31 @@ mod tests {
                         continue;
                     }
                 };
-                assert_eq!(sges.len(), 1, "one SGE per RDMA work request");
+                assert!(!sges.is_empty() && sges.len() <= RDMA_MAX_SGE);
                 let status = if self.broken {
                     WcStatus::Flushed
                 } else if remote.rkey == self.bad_rkey {
                     self.broken = true;
                     WcStatus::RemoteAccessError
                 } else {
-                    let (at, len) = (remote.addr as usize, sges[0].len as usize);
-                    let local = sges[0].addr as *mut u8;
-                    // SAFETY: the SGE points into the test's pool (the fake
-                    // region's address is the pool's mapping).
-                    unsafe {
-                        if read {
-                            std::ptr::copy_nonoverlapping(self.peer[at..].as_ptr(), local, len);
-                        } else {
-                            std::ptr::copy_nonoverlapping(
-                                local,
-                                self.peer[at..at + len].as_mut_ptr(),
-                                len,
-                            );
+                    let mut at = remote.addr as usize;
+                    for sge in sges {
+                        let (len, local) = (sge.len as usize, sge.addr as *mut u8);
+                        // SAFETY: the SGE points into the test's pool (the
+                        // fake region's address is the pool's mapping) or
+                        // into a test's own buffer.
+                        unsafe {
+                            if read {
+                                std::ptr::copy_nonoverlapping(self.peer[at..].as_ptr(), local, len);
+                            } else {
+                                std::ptr::copy_nonoverlapping(
+                                    local,
+                                    self.peer[at..at + len].as_mut_ptr(),
+                                    len,
+                                );
+                            }
                         }
+                        at += len;
                     }
                     WcStatus::Success
                 };
@@ -1855,7 +1859,8 @@ mod tests {
             assert!(r.ep.qp().reads_outstanding <= 2, "reads posted beyond ORD");
             while let Some(d) = r.ep.rdma().unwrap().peek_done() {
                 // SAFETY: the op is done; nothing writes its buffer.
-                let data = unsafe { r.pool.bytes(d.data.unwrap()) }.unwrap()[..d.len as usize].to_vec();
+                let data =
+                    unsafe { r.pool.bytes(d.data.unwrap()) }.unwrap()[..d.len as usize].to_vec();
                 done.push((d.ticket, d.kind, data));
                 with_replies(&mut r, Some(d.slot), |_| Ok(())).unwrap();
             }
@@ -2096,5 +2101,156 @@ mod tests {
         for id in taken {
             r.alloc.free(id).unwrap();
         }
+    }
+
+    #[test]
+    fn zero_copy_chains_gather_pieces_up_to_max_sge_and_split_segments() {
+        // Two peer segments of 150 bytes (gap between them), five local
+        // pieces of 60 bytes: 300 bytes in all.
+        let d = descs(0x10_0000, 2, 150, 7);
+        let pieces: Vec<u8> = (0..5u64)
+            .flat_map(|i| {
+                let p = Piece {
+                    sge: Sge {
+                        addr: 0x9000 + i * 1000,
+                        len: 60,
+                        lkey: 3,
+                    },
+                    pin: i as u32,
+                };
+                let mut b = [0u8; PIECE_BYTES];
+                p.encode(&mut b);
+                b
+            })
+            .collect();
+        let mut op = Op {
+            state: OpState::Queued,
+            kind: RdmaKind::Write,
+            len: 300,
+            pieces: 5,
+            ..Op::FREE
+        };
+        // Everything at once, two SGEs per work request.
+        let c = next_chain_pieces(&op, &d, &pieces, 16, 2).unwrap();
+        assert_eq!(c.bytes, 300);
+        let mut local = Vec::new();
+        let mut at = [0u64; 2];
+        for k in 0..c.n {
+            assert!(c.nsge[k] >= 1 && c.nsge[k] <= 2);
+            let len: u64 = c.sges[k][..c.nsge[k]]
+                .iter()
+                .map(|s| u64::from(s.len))
+                .sum();
+            // Work requests stay inside one segment, at consecutive
+            // peer addresses.
+            let seg = ((c.remotes[k].addr - 0x10_0000) / 250) as usize;
+            assert_eq!(c.remotes[k].addr, 0x10_0000 + seg as u64 * 250 + at[seg]);
+            assert_eq!(c.remotes[k].rkey, 7);
+            at[seg] += len;
+            for s in &c.sges[k][..c.nsge[k]] {
+                assert_eq!(s.lkey, 3);
+                local.extend((0..s.len as u64).map(|i| s.addr + i));
+            }
+        }
+        assert_eq!(at, [150, 150]);
+        let expect: Vec<u64> = (0..5u64)
+            .flat_map(|i| (0..60).map(move |j| 0x9000 + i * 1000 + j))
+            .collect();
+        assert_eq!(local, expect, "every local byte once, in order");
+        // Room for two work requests: the rest comes in the next chain,
+        // from where this one stopped (mid-piece and mid-segment).
+        let first = next_chain_pieces(&op, &d, &pieces, 2, 2).unwrap();
+        assert_eq!(first.n, 2);
+        op.posted = first.bytes;
+        let rest = next_chain_pieces(&op, &d, &pieces, 16, 2).unwrap();
+        assert_eq!(first.bytes + rest.bytes, 300);
+        let s0 = rest.sges[0][0];
+        assert_eq!(
+            s0.addr, expect[first.bytes as usize],
+            "the next chain starts at the next byte"
+        );
+        // Pieces shorter than the transfer: refused, not a panic.
+        assert!(next_chain_pieces(&op, &d, &pieces[..PIECE_BYTES * 2], 16, 2).is_none());
+    }
+
+    /// Counts pins per piece (`pin` is an index).
+    #[derive(Default)]
+    struct CountingPins(std::sync::Mutex<Vec<u32>>);
+
+    impl Pins for CountingPins {
+        fn unpin(&self, piece: &Piece) {
+            self.0.lock().unwrap()[piece.pin as usize] += 1;
+        }
+    }
+
+    #[test]
+    fn zero_copy_pins_are_released_once_on_every_path() {
+        let mut r = rig(16);
+        r.ep.set_max_sge(4);
+        let counting = Arc::new(CountingPins(std::sync::Mutex::new(vec![0; 8])));
+        let pins: Arc<dyn Pins> = counting.clone();
+        let mut src = vec![0u8; 3000];
+        for (i, b) in src.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        // Three pieces of 1000 bytes (pins 0..3) and a zero piece (no pin).
+        let piece = |i: usize, pin: u32| Piece {
+            sge: Sge {
+                addr: src.as_ptr() as u64 + i as u64 * 1000,
+                len: 1000,
+                lkey: 9,
+            },
+            pin,
+        };
+        let pieces = [piece(0, 0), piece(1, 1), piece(2, 2)];
+        let unpins = || counting.0.lock().unwrap().clone();
+        // Completed and handed to the upper layer: released at its commit.
+        let t = with_replies(&mut r, None, |o| {
+            o.rdma_write_pieces(&descs(0, 2, 1500, 1), 0, 3000, b"ctx", &pieces, &pins)
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        assert_eq!(&r.ep.qp().peer[..1500], &src[..1500]);
+        assert_eq!(&r.ep.qp().peer[1600..3100], &src[1500..]);
+        let done = r.ep.rdma().unwrap().peek_done().unwrap();
+        assert_eq!((done.ticket, done.data, done.len), (t, None, 3000));
+        assert_eq!(
+            unpins(),
+            [0; 8],
+            "held while the upper layer has not seen it"
+        );
+        with_replies(&mut r, Some(done.slot), |_| Ok(())).unwrap();
+        assert_eq!(unpins(), [1, 1, 1, 0, 0, 0, 0, 0]);
+        // Refused (descriptors too short): released at once.
+        let e = with_replies(&mut r, None, |o| {
+            o.rdma_write_pieces(&descs(0, 1, 100, 1), 0, 3000, b"", &pieces, &pins)
+        });
+        assert!(e.is_err());
+        assert_eq!(unpins(), [2, 2, 2, 0, 0, 0, 0, 0]);
+        // Undone by the handler's backpressure: released.
+        let _ = with_replies(&mut r, None, |o| {
+            o.rdma_read_pieces(&descs(0, 1, 3000, 1), 0, 3000, b"", &pieces, &pins)?;
+            Err::<Ticket, _>(RdmaError::Backpressure(Backpressure::SendQueueFull))
+        });
+        assert_eq!(unpins(), [3, 3, 3, 0, 0, 0, 0, 0]);
+        // Failed on the wire: released once the flushed chain is back.
+        let mut bad = descs(0, 2, 1500, 1);
+        bad[16 + 8..16 + 12].copy_from_slice(&0xdeadu32.to_le_bytes());
+        with_replies(&mut r, None, |o| {
+            o.rdma_write_pieces(&bad, 0, 3000, b"", &pieces, &pins)
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert_eq!(r.ep.outstanding(), 0);
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(unpins(), [4, 4, 4, 0, 0, 0, 0, 0]);
+        assert_eq!(free_counts(&r.pool), r.baseline, "every aux buffer home");
     }
 }

@@ -2202,4 +2202,306 @@ mod tests {
         let s = f.handle(0);
         assert_eq!(s.usage(), (0, Some(2 * MIB)));
     }
+
+    // ---- zero-copy RDMA: pins -------------------------------------------
+
+    const DATA_KEY: u32 = 0x11;
+    const ZERO_KEY: u32 = 0x22;
+
+    fn no_pieces() -> Vec<Piece> {
+        vec![
+            Piece {
+                sge: Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                },
+                pin: NO_PIN,
+            };
+            64
+        ]
+    }
+
+    /// What the provider would read from `pieces` (an RDMA Write's gather).
+    fn gather(pieces: &[Piece]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for p in pieces {
+            // SAFETY: the pieces are pinned store memory (or the zero
+            // block), mapped while the store lives.
+            let b =
+                unsafe { std::slice::from_raw_parts(p.sge.addr as *const u8, p.sge.len as usize) };
+            v.extend_from_slice(b);
+        }
+        v
+    }
+
+    fn unpin_all(s: &MemStore, pieces: &[Piece]) {
+        let pins = s.zero_copy().unwrap().pins;
+        for p in pieces.iter().filter(|p| p.pin != NO_PIN) {
+            pins.unpin(p);
+        }
+    }
+
+    #[test]
+    fn zero_copy_pieces_cover_data_holes_and_the_end_of_file() {
+        let mut s = store(4 * MIB);
+        let z = s.zero_copy().expect("the memory store offers zero-copy");
+        assert_eq!(z.regions.len(), 2);
+        assert_eq!(z.regions[0].1 as u64, 4 * MIB);
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        // Blocks 0 and 1 written (neighbours in the pool), block 2 a hole,
+        // block 3 written; the end of file inside block 3.
+        let a = (0..100_000u32)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect::<Vec<_>>();
+        write(&mut s, h, 1000, &a).unwrap();
+        let b = vec![7u8; 30_000];
+        write(&mut s, h, 3 * BLOCK_SIZE + 500, &b).unwrap();
+        let eof = 3 * BLOCK_SIZE + 500 + 30_000;
+        assert_eq!(size(&mut s, h), eof);
+        let mut out = no_pieces();
+        // A READ of more than the file: `read` clips it to the end of file.
+        let avail = ready(s.read(9, h, 10, 1 << 20)).unwrap();
+        assert_eq!(u64::from(avail), eof - 10);
+        let n = s
+            .pin_read(h, 10, avail, &[DATA_KEY, ZERO_KEY], &mut out)
+            .expect("pieces");
+        let pieces = &out[..n].to_vec();
+        assert_eq!(gather(pieces), read(&mut s, h, 10, avail));
+        // Holes come from the zero block, unpinned; data pieces are pinned.
+        assert!(pieces
+            .iter()
+            .any(|p| p.pin == NO_PIN && p.sge.lkey == ZERO_KEY));
+        assert!(pieces
+            .iter()
+            .all(|p| (p.pin == NO_PIN) == (p.sge.lkey == ZERO_KEY)));
+        assert_eq!(
+            pieces.iter().map(|p| u64::from(p.sge.len)).sum::<u64>(),
+            u64::from(avail)
+        );
+        // Blocks 0 and 1 were taken in order: one piece for both.
+        assert_eq!(pieces[0].sge.len as u64, 2 * BLOCK_SIZE - 10);
+        // Too few slots: nothing, and nothing left pinned (the file can be
+        // truncated and its blocks reused below).
+        assert_eq!(
+            s.pin_read(h, 0, avail, &[DATA_KEY, ZERO_KEY], &mut out[..1]),
+            None
+        );
+        unpin_all(&s, pieces);
+        ready(s.truncate(1, h, 0)).unwrap();
+        assert_eq!(s.usage().0, 0, "every block freed: no pin left behind");
+        s.close(h);
+    }
+
+    #[test]
+    fn a_pinned_block_is_not_reused_until_its_last_pin_goes() {
+        // Two blocks in all.
+        let mut s = store(2 * BLOCK_SIZE);
+        let (a, _) = open(&mut s, "a", Disposition::Create).unwrap();
+        write(&mut s, a, 0, &vec![b'A'; BLOCK_SIZE as usize]).unwrap();
+        let mut out = no_pieces();
+        let n = s
+            .pin_read(a, 0, BLOCK_SIZE as u32, &[DATA_KEY, ZERO_KEY], &mut out)
+            .unwrap();
+        let pieces = out[..n].to_vec();
+        // A second transfer pins the same block again.
+        let n2 = s
+            .pin_read(a, 0, 100, &[DATA_KEY, ZERO_KEY], &mut out)
+            .unwrap();
+        let second = out[..n2].to_vec();
+        // The file goes (its last close, delete pending) while both
+        // transfers are in flight: the block is freed, but held back.
+        s.set_delete_on_close(a, true).unwrap();
+        s.close(a);
+        assert_eq!(
+            open(&mut s, "a", Disposition::Open),
+            Err(StoreError::NotFound)
+        );
+        assert_eq!(s.usage().0, BLOCK_SIZE, "a pinned freed block stays in use");
+        let (b, _) = open(&mut s, "b", Disposition::Create).unwrap();
+        assert_eq!(
+            write(&mut s, b, 0, &vec![b'B'; 2 * BLOCK_SIZE as usize]),
+            Err(StoreError::Full),
+            "only the free block is available"
+        );
+        write(&mut s, b, 0, &vec![b'B'; BLOCK_SIZE as usize]).unwrap();
+        assert!(
+            gather(&pieces).iter().all(|&x| x == b'A'),
+            "never B's bytes"
+        );
+        unpin_all(&s, &pieces);
+        assert_eq!(s.usage().0, 2 * BLOCK_SIZE, "one pin is left");
+        assert_eq!(
+            write(&mut s, b, BLOCK_SIZE, &[b'B'; 10]),
+            Err(StoreError::Full)
+        );
+        unpin_all(&s, &second);
+        // The last pin freed it: now B can have it.
+        assert_eq!(s.usage().0, BLOCK_SIZE);
+        write(&mut s, b, BLOCK_SIZE, &[b'B'; 10]).unwrap();
+        s.close(b);
+    }
+
+    #[test]
+    fn pinned_writes_go_in_place_only_over_mapped_blocks_inside_the_end_of_file() {
+        let mut s = store(MIB);
+        let (h, _) = open(&mut s, "w", Disposition::Create).unwrap();
+        write(&mut s, h, 0, &[1u8; 10_000]).unwrap();
+        write(&mut s, h, 2 * BLOCK_SIZE, &[2u8; 100]).unwrap();
+        let keys = [DATA_KEY, ZERO_KEY];
+        let mut out = no_pieces();
+        // Past the end of file, or over the hole of block 1: staged.
+        assert_eq!(
+            s.pin_write(h, 2 * BLOCK_SIZE + 50, 100, &keys, &mut out),
+            None
+        );
+        assert_eq!(s.pin_write(h, 9_000, 60_000, &keys, &mut out), None);
+        assert_eq!(s.pin_write(h, BLOCK_SIZE, 10, &keys, &mut out), None);
+        // Inside the first block: in place.
+        let n = s.pin_write(h, 100, 5_000, &keys, &mut out).unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(out[0].sge.lkey, DATA_KEY);
+        // What an RDMA Read does: fill the piece.
+        // SAFETY: a pinned piece of the store's memory, 5,000 bytes.
+        unsafe { ptr::write_bytes(out[0].sge.addr as *mut u8, 9, 5_000) };
+        assert_eq!(s.write_pinned(h, 100, 5_000), Ok(5_000));
+        unpin_all(&s, &out[..n]);
+        let back = read(&mut s, h, 0, 10_000);
+        assert!(back[..100].iter().all(|&x| x == 1));
+        assert!(back[100..5_100].iter().all(|&x| x == 9));
+        assert!(back[5_100..].iter().all(|&x| x == 1));
+        assert_eq!(size(&mut s, h), 2 * BLOCK_SIZE + 100);
+        s.close(h);
+    }
+
+    /// Readers pin a file's blocks, *close the file* and only then read the
+    /// pinned bytes (a CLOSE, truncation or delete processed while the RDMA
+    /// Write of an earlier READ is still in flight), while other threads
+    /// overwrite, truncate and delete that file and fill another file with
+    /// a byte the first one never holds. The pinned bytes must never be
+    /// the other file's.
+    #[test]
+    fn truncate_and_delete_during_pinned_reads_never_expose_another_files_bytes() {
+        use std::sync::atomic::AtomicBool;
+        const OTHER: u8 = 0xEE;
+        let f = MemStoreFactory::new(64 * BLOCK_SIZE).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+        let mut threads = Vec::new();
+        // The mutator: rewrites "x" (bytes 1..=200) whole, truncates it,
+        // deletes it.
+        {
+            let mut s = f.store();
+            let stop = Arc::clone(&stop);
+            threads.push(std::thread::spawn(move || {
+                let mut gen = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    gen += 1;
+                    let tag = (gen % 200) as u8 + 1;
+                    let Ok((h, _)) = open(&mut s, "x", Disposition::OverwriteIf) else {
+                        continue;
+                    };
+                    let _ = write(&mut s, h, 0, &vec![tag; 4 * BLOCK_SIZE as usize]);
+                    match gen % 3 {
+                        0 => {
+                            let _ = ready(s.truncate(1, h, BLOCK_SIZE / 2));
+                        }
+                        1 => {
+                            let _ = s.set_delete_on_close(h, true);
+                        }
+                        _ => {}
+                    }
+                    s.close(h);
+                }
+                gen
+            }));
+        }
+        // The other file: takes whatever blocks are free and fills them
+        // with OTHER, then gives them back.
+        {
+            let mut s = f.store();
+            let stop = Arc::clone(&stop);
+            threads.push(std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    rounds += 1;
+                    let (h, _) = open(&mut s, "y", Disposition::OverwriteIf).unwrap();
+                    for b in 0..16 {
+                        if write(&mut s, h, b * BLOCK_SIZE, &[OTHER; BLOCK_SIZE as usize]).is_err()
+                        {
+                            break;
+                        }
+                    }
+                    s.set_delete_on_close(h, true).unwrap();
+                    s.close(h);
+                }
+                rounds
+            }));
+        }
+        let mut readers = Vec::new();
+        for r in 0..2u64 {
+            let mut s = f.store();
+            let stop = Arc::clone(&stop);
+            readers.push(std::thread::spawn(move || {
+                let mut out = no_pieces();
+                let (mut checked, mut bytes) = (0u64, 0u64);
+                let mut x = r + 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((h, _)) = open(&mut s, "x", Disposition::Open) else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    let len = ready(s.read(1, h, 0, 4 * BLOCK_SIZE as u32)).unwrap_or(0);
+                    let pinned = if len > 0 {
+                        s.pin_read(h, 0, len, &[DATA_KEY, ZERO_KEY], &mut out)
+                    } else {
+                        None
+                    };
+                    s.close(h);
+                    let Some(n) = pinned else { continue };
+                    // The transfer is still "in flight" for a while.
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    for _ in 0..(x % 64) {
+                        std::thread::yield_now();
+                    }
+                    let got = gather(&out[..n]);
+                    assert!(
+                        !got.contains(&OTHER),
+                        "a pinned read of x saw the other file's bytes"
+                    );
+                    unpin_all(&s, &out[..n]);
+                    checked += 1;
+                    bytes += got.len() as u64;
+                }
+                (checked, bytes)
+            }));
+        }
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut total = 0;
+        for t in readers {
+            let (checked, bytes) = t.join().expect("reader");
+            total += checked;
+            assert!(checked == 0 || bytes > 0);
+        }
+        let gens = threads
+            .into_iter()
+            .map(|t| t.join().expect("writer"))
+            .sum::<u64>();
+        assert!(
+            total > 0 && gens > 0,
+            "the race ran ({total} reads, {gens} rounds)"
+        );
+        // Every pin went: only what is still mapped is in use.
+        let mut s = f.store();
+        if let Ok((h, _)) = open(&mut s, "x", Disposition::Open) {
+            ready(s.truncate(1, h, 0)).unwrap();
+            s.close(h);
+        }
+        assert_eq!(s.usage().0, 0, "no block leaked by a pin");
+    }
 }
