@@ -322,6 +322,7 @@ fn alloc_at_least(
 /// One chain of RDMA work requests: per work request, its SGEs (one into
 /// the op's data buffer, or up to [`RDMA_MAX_SGE`] pieces of a zero-copy
 /// op) and the peer buffer it moves to or from.
+#[derive(Debug)]
 struct Chain {
     sges: [[Sge; RDMA_MAX_SGE]; RDMA_CHAIN],
     nsge: [usize; RDMA_CHAIN],
@@ -346,17 +347,38 @@ impl Chain {
             bytes: 0,
         }
     }
+
+    /// Empties the chain for reuse (the arrays keep stale entries past `n`,
+    /// never read).
+    fn reset(&mut self) {
+        self.n = 0;
+        self.bytes = 0;
+    }
 }
 
 /// The next (up to `room`) segments of `op` from where its posting stopped:
 /// the descriptors sliced per [MS-SMBD] 3.1.4.5/3.1.4.6 at `offset +
 /// posted`, each mapped to the same position in the data buffer at region
 /// offset `base`. None if nothing is left or the descriptors do not slice.
-fn next_chain(op: &Op, descs: &[u8], base: u64, mr: MemoryRegion, room: usize) -> Option<Chain> {
-    let arr = BufferDescriptorArray::new_checked(descs).ok()?;
+/// Fills `c` (the endpoint's scratch chain: nothing is built or moved per
+/// call) and returns whether it holds anything.
+fn next_chain(
+    c: &mut Chain,
+    op: &Op,
+    descs: &[u8],
+    base: u64,
+    mr: MemoryRegion,
+    room: usize,
+) -> bool {
+    c.reset();
+    let Ok(arr) = BufferDescriptorArray::new_checked(descs) else {
+        return false;
+    };
     let posted = u64::from(op.posted);
-    let segs = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted)).ok()?;
-    let mut c = Chain::new();
+    let Ok(segs) = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted))
+    else {
+        return false;
+    };
     for seg in segs.take(room.min(RDMA_CHAIN)) {
         c.sges[c.n][0] = mr.sge(base + posted + seg.local_offset, seg.length);
         c.nsge[c.n] = 1;
@@ -367,24 +389,31 @@ fn next_chain(op: &Op, descs: &[u8], base: u64, mr: MemoryRegion, room: usize) -
         c.bytes += seg.length;
         c.n += 1;
     }
-    (c.n > 0).then_some(c)
+    c.n > 0
 }
 
 /// [`next_chain`] for a zero-copy op: the local side is its `pieces`
 /// (encoded), gathered up to `max_sge` per work request; a segment spanning
 /// more pieces than that is split into several work requests at
-/// consecutive peer addresses. None if nothing is left, the descriptors do
+/// consecutive peer addresses. False if nothing is left, the descriptors do
 /// not slice or the pieces are shorter than the transfer.
 fn next_chain_pieces(
+    c: &mut Chain,
     op: &Op,
     descs: &[u8],
     pieces: &[u8],
     room: usize,
     max_sge: usize,
-) -> Option<Chain> {
-    let arr = BufferDescriptorArray::new_checked(descs).ok()?;
+) -> bool {
+    c.reset();
+    let Ok(arr) = BufferDescriptorArray::new_checked(descs) else {
+        return false;
+    };
     let posted = u64::from(op.posted);
-    let segs = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted)).ok()?;
+    let Ok(segs) = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted))
+    else {
+        return false;
+    };
     let count = pieces.len() / PIECE_BYTES;
     let piece = |i: usize| Piece::decode(&pieces[i * PIECE_BYTES..]);
     // The piece holding transfer byte `posted`, and where it starts.
@@ -394,7 +423,6 @@ fn next_chain_pieces(
         pi += 1;
     }
     let (mut pos, room, max_sge) = (posted, room.min(RDMA_CHAIN), max_sge.clamp(1, RDMA_MAX_SGE));
-    let mut c = Chain::new();
     'segs: for seg in segs {
         let seg_len = u64::from(seg.length);
         let mut seg_done = 0u64;
@@ -405,7 +433,8 @@ fn next_chain_pieces(
             let (k, mut ns, mut wr_bytes) = (c.n, 0usize, 0u64);
             while ns < max_sge && seg_done + wr_bytes < seg_len {
                 if pi >= count {
-                    return None;
+                    c.reset();
+                    return false;
                 }
                 let p = piece(pi);
                 let in_piece = pos - pstart;
@@ -433,7 +462,7 @@ fn next_chain_pieces(
             seg_done += wr_bytes;
         }
     }
-    (c.n > 0).then_some(c)
+    c.n > 0
 }
 
 fn map_alloc(e: AllocError) -> RdmaError {
@@ -916,6 +945,9 @@ pub struct Endpoint<Q: QueuePair> {
     capture: Option<(Arc<CaptureHandle>, CaptureConn)>,
     /// The upper layer's RDMA operations (None until enabled).
     rdma: Option<RdmaOps>,
+    /// Scratch for the work requests of one `post_send` of RDMA (reused:
+    /// nothing of its size is built per post).
+    chain: Box<Chain>,
 }
 
 impl<Q: QueuePair> Endpoint<Q> {
@@ -934,6 +966,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             send_depth: u32::MAX,
             capture: None,
             rdma: None,
+            chain: Box::new(Chain::new()),
         }
     }
 
@@ -1290,7 +1323,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         let used = self.sq_used();
         let mut sq_room = self.send_depth.saturating_sub(used);
-        let (qp, pool, mr) = (&mut self.qp, &self.pool, self.mr);
+        let (qp, pool, mr, c) = (&mut self.qp, &self.pool, self.mr, &mut *self.chain);
         let Some(r) = self.rdma.as_mut() else {
             return Ok(());
         };
@@ -1319,11 +1352,11 @@ impl<Q: QueuePair> Endpoint<Q> {
             // the provider; nothing writes it while the op lives.
             let aux = op.aux.and_then(|aux| unsafe { pool.bytes(aux) });
             let descs = aux.and_then(|b| b.get(..op.descs_len as usize));
-            let chain = if op.pieces > 0 {
+            let filled = if op.pieces > 0 {
                 let pieces = aux.and_then(|b| b.get(op.pieces_range()));
                 descs
                     .zip(pieces)
-                    .and_then(|(d, p)| next_chain_pieces(&op, d, p, room, max_sge))
+                    .is_some_and(|(d, p)| next_chain_pieces(c, &op, d, p, room, max_sge))
             } else {
                 let base = op
                     .data
@@ -1331,31 +1364,26 @@ impl<Q: QueuePair> Endpoint<Q> {
                     .map(|l| l.offset as u64);
                 descs
                     .zip(base)
-                    .and_then(|(descs, base)| next_chain(&op, descs, base, mr, room))
+                    .is_some_and(|(descs, base)| next_chain(c, &op, descs, base, mr, room))
             };
             // Validated when the op was staged: failing here is a bug,
             // reported as a local protection error rather than a panic.
-            let Some(Chain {
-                sges,
-                nsge,
-                remotes,
-                n,
-                bytes,
-            }) = chain
-            else {
+            if !filled {
                 failure = Some((WcStatus::LocalProtectionError, false));
                 break;
             };
+            let (n, bytes) = (c.n, c.bytes);
+            let ch = &*c;
             let wrs: [SendWr<'_>; RDMA_CHAIN] = core::array::from_fn(|k| SendWr {
                 wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
                 op: match op.kind {
                     RdmaKind::Read => SendOp::RdmaRead {
-                        sges: &sges[k][..nsge[k]],
-                        remote: remotes[k],
+                        sges: &ch.sges[k][..ch.nsge[k]],
+                        remote: ch.remotes[k],
                     },
                     RdmaKind::Write => SendOp::RdmaWrite {
-                        sges: &sges[k][..nsge[k]],
-                        remote: remotes[k],
+                        sges: &ch.sges[k][..ch.nsge[k]],
+                        remote: ch.remotes[k],
                     },
                 },
                 // Selective signaling: the chain's last request completes
@@ -2131,7 +2159,8 @@ mod tests {
             ..Op::FREE
         };
         // Everything at once, two SGEs per work request.
-        let c = next_chain_pieces(&op, &d, &pieces, 16, 2).unwrap();
+        let mut c = Chain::new();
+        assert!(next_chain_pieces(&mut c, &op, &d, &pieces, 16, 2));
         assert_eq!(c.bytes, 300);
         let mut local = Vec::new();
         let mut at = [0u64; 2];
@@ -2159,18 +2188,26 @@ mod tests {
         assert_eq!(local, expect, "every local byte once, in order");
         // Room for two work requests: the rest comes in the next chain,
         // from where this one stopped (mid-piece and mid-segment).
-        let first = next_chain_pieces(&op, &d, &pieces, 2, 2).unwrap();
-        assert_eq!(first.n, 2);
-        op.posted = first.bytes;
-        let rest = next_chain_pieces(&op, &d, &pieces, 16, 2).unwrap();
-        assert_eq!(first.bytes + rest.bytes, 300);
-        let s0 = rest.sges[0][0];
+        assert!(next_chain_pieces(&mut c, &op, &d, &pieces, 2, 2));
+        assert_eq!(c.n, 2);
+        let first_bytes = c.bytes;
+        op.posted = first_bytes;
+        assert!(next_chain_pieces(&mut c, &op, &d, &pieces, 16, 2));
+        assert_eq!(first_bytes + c.bytes, 300);
+        let s0 = c.sges[0][0];
         assert_eq!(
-            s0.addr, expect[first.bytes as usize],
+            s0.addr, expect[first_bytes as usize],
             "the next chain starts at the next byte"
         );
         // Pieces shorter than the transfer: refused, not a panic.
-        assert!(next_chain_pieces(&op, &d, &pieces[..PIECE_BYTES * 2], 16, 2).is_none());
+        assert!(!next_chain_pieces(
+            &mut c,
+            &op,
+            &d,
+            &pieces[..PIECE_BYTES * 2],
+            16,
+            2
+        ));
     }
 
     /// Counts pins per piece (`pin` is an index).

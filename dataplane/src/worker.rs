@@ -232,12 +232,18 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         self.refill_loans();
         ready();
         let mut wcs = [Completion::EMPTY; POLL_BATCH];
-        let mut last_work = Instant::now();
-        let mut last_timer_scan = Instant::now();
+        // One clock read per iteration; the timer scan and idle checks
+        // compare nanoseconds since `origin` (no further Duration
+        // arithmetic on the hot loop).
+        let origin = self.origin;
+        let nanos = move || Instant::now().duration_since(origin).as_nanos() as u64;
+        let timer_scan = Duration::from_millis(1).as_nanos() as u64;
+        let idle_park = self.cfg.idle_park.as_nanos() as u64;
+        let mut last_work = nanos();
+        let mut last_timer_scan = last_work;
         loop {
-            let tick = Instant::now();
-            self.loop_now =
-                PInstant::from_nanos(tick.duration_since(self.origin).as_nanos() as u64);
+            let tick = nanos();
+            self.loop_now = PInstant::from_nanos(tick);
             let mut work = false;
             let n = self.cq.poll(&mut wcs);
             if n > 0 {
@@ -266,7 +272,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             if self.service_slots() {
                 work = true;
             }
-            if tick.duration_since(last_timer_scan) >= Duration::from_millis(1) {
+            if tick.saturating_sub(last_timer_scan) >= timer_scan {
                 last_timer_scan = tick;
                 self.fire_timers();
             }
@@ -285,7 +291,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             if work {
                 last_work = tick;
                 WorkerStats::add(&self.stats.busy_polls, 1);
-            } else if tick.duration_since(last_work) >= self.cfg.idle_park {
+            } else if tick.saturating_sub(last_work) >= idle_park {
                 std::thread::sleep(Duration::from_micros(50));
             } else {
                 std::hint::spin_loop();
