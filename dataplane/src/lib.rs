@@ -5,6 +5,7 @@ pub mod capture;
 pub mod client;
 pub mod endpoint;
 pub mod hint;
+pub mod idhash;
 pub mod planes;
 pub mod provider;
 pub mod ratelog;

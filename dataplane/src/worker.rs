@@ -20,6 +20,7 @@
 
 use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{Delivery, Endpoint, EndpointError, Event, RDMA_OPS_PER_CONNECTION};
+use crate::idhash::{id_map, IdMap};
 use crate::planes::{
     CloseReason, ConnId, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
 };
@@ -30,7 +31,7 @@ use crate::upper::{Backpressure, QueuedReply, RdmaDone, Replies, UpperIo, UpperL
 use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
 use smbdirect_protocol::smbd::{Connection, SmbdConfig, TerminateReason};
 use smbdirect_protocol::time::Instant as PInstant;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,8 +108,8 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// them each loop iteration was ~40 % of a worker's samples at 4 KiB
     /// READs).
     occupied: Vec<u64>,
-    by_qp: HashMap<QpId, usize>,
-    by_conn: HashMap<ConnId, usize>,
+    by_qp: IdMap<QpId, usize>,
+    by_conn: IdMap<ConnId, usize>,
     /// Wakes and events the upper layer produced in its last poll.
     upper_wakes: VecDeque<(ConnId, u64)>,
     upper_events: VecDeque<crate::planes::UpperEvent>,
@@ -156,8 +157,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         slots.resize_with(cfg.max_connections, || None);
         Worker {
             occupied: vec![0; cfg.max_connections.div_ceil(64)],
-            by_qp: HashMap::with_capacity(cfg.max_connections * 2),
-            by_conn: HashMap::with_capacity(cfg.max_connections * 2),
+            by_qp: id_map(cfg.max_connections * 2),
+            by_conn: id_map(cfg.max_connections * 2),
             upper_wakes: VecDeque::with_capacity(4096),
             upper_events: VecDeque::with_capacity(1024),
             pending_out: VecDeque::with_capacity(cfg.max_connections * 4 + 16),

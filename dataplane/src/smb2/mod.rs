@@ -41,6 +41,7 @@ mod fs;
 pub mod memstore;
 pub mod store;
 
+use crate::idhash::{id_map, IdMap};
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
 use crate::provider::MemoryRegion;
 use crate::ratelog::{suppressed_note, RateLimited};
@@ -268,7 +269,7 @@ struct Conn {
     preauth: Option<auth::preauth::PreauthHash>,
     /// Trees connected: bit 0 the share, bit 1 IPC$.
     trees: u8,
-    opens: HashMap<u64, Open>,
+    opens: IdMap<u64, Open>,
     outstanding: u32,
     seq: SeqWindow,
     dead: bool,
@@ -291,7 +292,7 @@ impl Conn {
             neg: None,
             preauth: None,
             trees: 0,
-            opens: HashMap::new(),
+            opens: id_map(0),
             outstanding: 1,
             seq: SeqWindow::new(),
             dead: false,
@@ -478,9 +479,9 @@ struct Core {
     now: PInstant,
     qos: WorkerQos,
     /// Held messages by token.
-    execs: HashMap<u64, Exec>,
+    execs: IdMap<u64, Exec>,
     /// Store writes finishing after an RDMA Read, by tag.
-    posts: HashMap<u64, PostWrite>,
+    posts: IdMap<u64, PostWrite>,
     wakes: VecDeque<(ConnId, u64)>,
     events: VecDeque<UpperEvent>,
     /// Inline READ data from the store.
@@ -536,7 +537,7 @@ impl core::fmt::Debug for Core {
 #[derive(Debug)]
 pub struct Smb2Server {
     core: Core,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<ConnId, Conn>,
     scratch: Vec<u8>,
 }
 
@@ -573,8 +574,8 @@ impl Smb2Server {
                 server_guid: Guid::from_bytes(g),
                 salt_seed: seed | 1,
                 now: PInstant::ZERO,
-                execs: HashMap::with_capacity(1024),
-                posts: HashMap::with_capacity(256),
+                execs: id_map(1024),
+                posts: id_map(256),
                 wakes: VecDeque::with_capacity(1024),
                 events: VecDeque::with_capacity(256),
                 rbuf: vec![0u8; MAX_INLINE as usize],
@@ -587,7 +588,7 @@ impl Smb2Server {
                 store_full: 0,
                 zc: None,
             },
-            conns: HashMap::new(),
+            conns: id_map(0),
             scratch: vec![0u8; SCRATCH_LEN],
         }
     }
