@@ -858,3 +858,194 @@ fn invalidated_grants_are_given_back_so_rdma_io_never_runs_out_of_windows() {
     env.done(c);
     env.stop();
 }
+
+/// Zero-copy RDMA between the client and the memory store's blocks (READ
+/// from the blocks, holes from the zero block; WRITE into mapped blocks
+/// inside the end of file, else staged): every byte checked against a model
+/// of the file, across holes, block boundaries, the end of file, in-place
+/// overwrites and extending writes, through 1 and 16 descriptors.
+#[test]
+fn rdma_through_the_store_blocks_matches_a_model_across_holes_and_file_ends() {
+    let _serial = serial();
+    let mut env = Env::start();
+    let mut c = env.session(Dialect::SMB_3_1_1);
+    let fid = create(&mut c, "zc.bin");
+    const BLOCK: usize = 64 << 10;
+    let mut model: Vec<u8> = Vec::new();
+    let one = Transfer::Rdma {
+        descriptors: 1,
+        invalidate: false,
+    };
+    let many = Transfer::Rdma {
+        descriptors: 16,
+        invalidate: true,
+    };
+    // (offset, length, seed): extending writes leaving holes, then
+    // overwrites inside the end of file (in place), one straddling a hole.
+    let writes = [
+        (100, 100_000, 1u64),
+        (5 * BLOCK + 17, 3000, 2),
+        (10, 40_000, 3),
+        (BLOCK - 5, 40, 4),
+        (20_000, 150_000, 5),
+        (5 * BLOCK, 20, 6),
+        (9 * BLOCK - 1, BLOCK + 2, 7),
+    ];
+    for (i, &(off, len, seed)) in writes.iter().enumerate() {
+        let data = pattern(len, seed);
+        let t = if i % 2 == 0 { one } else { many };
+        assert_eq!(c.write(fid, off as u64, &data, t).unwrap() as usize, len);
+        if model.len() < off + len {
+            model.resize(off + len, 0);
+        }
+        model[off..off + len].copy_from_slice(&data);
+        // Reads of the whole file, past its end, of a hole, of its tail.
+        let eof = model.len();
+        for (roff, rlen) in [
+            (0, eof + 1000),
+            (3 * BLOCK + 1, 1000),
+            (eof - 7, 100),
+            (BLOCK - 3, 2 * BLOCK + 6),
+        ] {
+            if roff >= eof {
+                continue;
+            }
+            for t in [one, many] {
+                let back = c.read(fid, roff as u64, rlen as u32, t).unwrap();
+                let want = &model[roff..(roff + rlen).min(eof)];
+                assert!(
+                    back == want,
+                    "after write {i}: read of {rlen} at {roff} with {t:?} differs"
+                );
+            }
+        }
+    }
+    c.close(fid).unwrap();
+    env.done(c);
+    env.stop();
+}
+
+/// A file is overwritten, truncated and deleted by one connection while
+/// another reads it through RDMA, and a third file takes the blocks freed
+/// (a 2 MiB store: 32 blocks, reused at once), on two server workers: the
+/// reads return the file's bytes, zeros, or an error status, never the
+/// other file's bytes (the pinned blocks are not reused while the RDMA
+/// Write from them can still run).
+#[test]
+fn truncate_and_delete_during_rdma_reads_never_return_another_files_bytes() {
+    let _serial = serial();
+    const X: u8 = 0x11;
+    const OTHER: u8 = 0xEE;
+    const LEN: usize = 256 << 10;
+    let port = free_port();
+    let d = spawn(
+        port,
+        &["--upper", "smb2", "--cores", "0,1", "--store-size", "2M"],
+    );
+    let provider = SoftProvider::new().unwrap();
+    let pools: Vec<(BufferPool, MemoryRegion)> = (0..2).map(|_| client_pool(&provider)).collect();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let session = |i: usize| {
+        let (pool, mr) = &pools[i];
+        let mut c = Smb2Client::connect(
+            &provider,
+            addr,
+            cfg(),
+            pool.claim_slice(0).unwrap(),
+            *mr,
+            Duration::from_secs(10),
+            Smb2ClientOptions::default(),
+        )
+        .expect("connect");
+        c.negotiate(&[Dialect::SMB_3_1_1]).unwrap();
+        c.session_setup_anonymous().unwrap();
+        c.tree_connect("data").unwrap();
+        c
+    };
+    let mut mutator = session(0);
+    let mut reader = session(1);
+    let t = Transfer::Rdma {
+        descriptors: 2,
+        invalidate: false,
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the reader however the mutator's loop ends (a panic too).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let (reads, rounds) = std::thread::scope(|s| {
+        let r = s.spawn(|| {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(f) = reader.create(
+                    "x",
+                    CreateDisposition::OPEN,
+                    CreateOptions::NON_DIRECTORY_FILE,
+                ) else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                if let Ok(data) = reader.read(f.file_id, 0, LEN as u32, t) {
+                    assert!(
+                        data.iter().all(|&b| b == X || b == 0),
+                        "a read of x returned bytes x never held"
+                    );
+                    reads += 1;
+                }
+                let _ = reader.close(f.file_id);
+            }
+            reads
+        });
+        let stopper = StopOnDrop(&stop);
+        let mut rounds = 0u64;
+        while std::time::Instant::now() < deadline {
+            rounds += 1;
+            // STATUS_DELETE_PENDING while the reader still has the deleted
+            // x open: try again.
+            let Ok(x) = mutator.create(
+                "x",
+                CreateDisposition::OVERWRITE_IF,
+                CreateOptions::NON_DIRECTORY_FILE
+                    | if rounds % 2 == 0 {
+                        CreateOptions::DELETE_ON_CLOSE
+                    } else {
+                        CreateOptions::empty()
+                    },
+            ) else {
+                std::thread::yield_now();
+                continue;
+            };
+            let x = x.file_id;
+            // Staged (extending), then in place (an overwrite).
+            mutator.write(x, 0, &vec![X; LEN], t).expect("write x");
+            mutator.write(x, 0, &vec![X; LEN], t).expect("rewrite x");
+            mutator.close(x).unwrap();
+            let y = mutator
+                .create(
+                    "y",
+                    CreateDisposition::OVERWRITE_IF,
+                    CreateOptions::NON_DIRECTORY_FILE | CreateOptions::DELETE_ON_CLOSE,
+                )
+                .expect("create y")
+                .file_id;
+            // As much of the store as is free.
+            let _ = mutator.write(y, 0, &vec![OTHER; 1 << 20], t);
+            mutator.close(y).unwrap();
+        }
+        drop(stopper);
+        (r.join().expect("reader"), rounds)
+    });
+    assert!(reads > 0 && rounds > 0, "{reads} reads, {rounds} rounds");
+    let _ = mutator.disconnect(Duration::from_secs(2));
+    let _ = reader.disconnect(Duration::from_secs(2));
+    let stats = stats_json(&d);
+    assert!(
+        !stats.contains("\"rdma_errors\":1"),
+        "no RDMA error on either connection: {stats}"
+    );
+    let _ = terminate(d);
+}

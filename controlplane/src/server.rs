@@ -168,6 +168,53 @@ impl RunningServer {
     }
 }
 
+/// Registers the memory an upper layer moves by RDMA directly
+/// ([`UpperLayer::zero_copy_regions`]) with `provider`, once per distinct
+/// region (`done` remembers them), and hands the registrations back. A
+/// failed registration is logged once and leaves the layer staging its
+/// data through pool buffers (slower, same results).
+fn register_zero_copy<P: Provider, U: UpperLayer>(
+    provider: &P,
+    upper: &mut U,
+    done: &mut Vec<((usize, usize), Option<MemoryRegion>)>,
+) {
+    let regions = upper.zero_copy_regions();
+    if regions.is_empty() {
+        return;
+    }
+    let mut mrs = Vec::with_capacity(regions.len());
+    for r in regions {
+        let mr = match done.iter().find(|(k, _)| *k == r) {
+            Some((_, mr)) => *mr,
+            None => {
+                // SAFETY: the upper layer keeps the region mapped for as long
+                // as any worker (hence the provider's use of it) runs: it is
+                // the memory of its store, which the workers' handles share.
+                let mr = match unsafe { provider.register(r.0 as *mut u8, r.1, None) } {
+                    Ok(mr) => Some(mr),
+                    Err(e) => {
+                        eprintln!(
+                            "[smbdirectd] WARN zero-copy RDMA off: cannot register {} bytes of \
+                             store memory with the {} provider ({e}); data is staged through \
+                             pool buffers",
+                            r.1,
+                            provider.name()
+                        );
+                        None
+                    }
+                };
+                done.push((r, mr));
+                mr
+            }
+        };
+        match mr {
+            Some(mr) => mrs.push(mr),
+            None => return,
+        }
+    }
+    upper.set_zero_copy_regions(&mrs);
+}
+
 /// Starts a server on `provider` with one `upper()` per worker.
 pub fn start<P: Provider, U: UpperLayer>(
     provider: Arc<P>,
@@ -219,6 +266,9 @@ pub fn start<P: Provider, U: UpperLayer>(
     let mut sides: Vec<WorkerSide<P>> = Vec::with_capacity(nworkers);
     let mut upper_name = "";
     let mut wstats = Vec::with_capacity(nworkers);
+    // Zero-copy regions of the upper layers, registered once each (the
+    // workers' store handles share one store).
+    let mut zero_copy_mrs: Vec<((usize, usize), Option<MemoryRegion>)> = Vec::new();
     for (i, core) in cfg.worker_cores.iter().enumerate() {
         let cq = provider
             .create_cq(cq_entries)
@@ -240,15 +290,17 @@ pub fn start<P: Provider, U: UpperLayer>(
                 max_connections: per_worker,
                 shutdown_grace: cfg.shutdown_grace,
                 send_depth: caps.max_send_wr,
+                max_sge: caps.max_sge,
             },
             cq,
             alloc,
             mr,
             {
-                let u = upper();
+                let mut u = upper();
                 if i == 0 {
                     upper_name = u.name();
                 }
+                register_zero_copy(&*provider, &mut u, &mut zero_copy_mrs);
                 u
             },
             to.clone(),

@@ -24,6 +24,7 @@ use crate::provider::{
     WcOpcode, WcStatus,
 };
 use crate::upper::{Backpressure, RdmaError, RdmaKind, Ticket};
+use crate::zerocopy::{unpin_encoded, Piece, Pins, PIECE_BYTES};
 use smbdirect_hugepages::{AllocError, BufId, BufferPool, ClassId, SliceAllocator};
 use smbdirect_protocol::smbd::rdma_slice;
 use smbdirect_protocol::smbd::read_depth::ReadDepth;
@@ -51,6 +52,12 @@ pub const RDMA_OPS_PER_CONNECTION: usize = 32;
 /// Most work requests chained in one `post_send` (one per descriptor
 /// segment); an operation with more segments is posted in several chains.
 const RDMA_CHAIN: usize = 16;
+/// Most SGEs per RDMA work request of a zero-copy operation (one per store
+/// block it spans); the endpoint uses at most what the queue pair was
+/// created with ([`Endpoint::set_max_sge`]).
+pub const RDMA_MAX_SGE: usize = 8;
+/// Most pieces one zero-copy operation may have.
+pub const RDMA_MAX_PIECES: usize = 1024;
 
 // RDMA work-request id layout (below the 2 kind bits): op slot, work
 // requests in the chain, "last of its chain", low bits of the op's ticket.
@@ -202,13 +209,17 @@ struct Op {
     state: OpState,
     kind: RdmaKind,
     ticket: Ticket,
-    /// The local data buffer (pool).
+    /// The local data buffer (pool); None for a zero-copy operation.
     data: Option<BufId>,
     len: u32,
-    /// Pool buffer holding the descriptors as received, then the context.
+    /// Pool buffer holding the descriptors as received, then the context,
+    /// then (zero-copy) the encoded pieces.
     aux: Option<BufId>,
     descs_len: u32,
     ctx_len: u32,
+    /// Zero-copy: pieces of local memory (pinned by the upper layer) in
+    /// place of `data`, encoded after the context; 0 otherwise.
+    pieces: u16,
     /// Offset into the buffer the descriptors describe.
     offset: u64,
     /// Bytes whose work requests are posted.
@@ -230,12 +241,19 @@ impl Op {
         aux: None,
         descs_len: 0,
         ctx_len: 0,
+        pieces: 0,
         offset: 0,
         posted: 0,
         wrs: 0,
         chains: 0,
         cont: None,
     };
+
+    /// Where its encoded pieces lie in the aux buffer.
+    fn pieces_range(&self) -> core::ops::Range<usize> {
+        let start = (self.descs_len + self.ctx_len) as usize;
+        start..start + self.pieces as usize * PIECE_BYTES
+    }
 }
 
 /// What the worker hands the upper layer for a finished operation.
@@ -244,7 +262,8 @@ pub(crate) struct DoneOp {
     pub slot: usize,
     pub ticket: Ticket,
     pub kind: RdmaKind,
-    pub data: BufId,
+    /// None: a zero-copy operation (the data is in the upper layer's memory).
+    pub data: Option<BufId>,
     pub len: u32,
     pub aux: BufId,
     pub descs_len: u32,
@@ -266,6 +285,10 @@ pub struct RdmaOps {
     wrs_in_flight: u32,
     next_ticket: u64,
     stats: RdmaStats,
+    /// Releases the pins of zero-copy operations (set by the first one).
+    pins: Option<Arc<dyn Pins>>,
+    /// SGEs per work request a zero-copy operation may use.
+    max_sge: usize,
 }
 
 /// A pool buffer of at least `len` bytes: the smallest class that holds it,
@@ -296,35 +319,69 @@ fn alloc_at_least(
     }
 }
 
-/// One chain of RDMA work requests: per segment, one SGE into the op's data
-/// buffer and the peer buffer it moves to or from.
+/// One chain of RDMA work requests: per work request, its SGEs (one into
+/// the op's data buffer, or up to [`RDMA_MAX_SGE`] pieces of a zero-copy
+/// op) and the peer buffer it moves to or from.
+#[derive(Debug)]
 struct Chain {
-    sges: [[Sge; 1]; RDMA_CHAIN],
+    sges: [[Sge; RDMA_MAX_SGE]; RDMA_CHAIN],
+    nsge: [usize; RDMA_CHAIN],
     remotes: [RemoteBuf; RDMA_CHAIN],
     n: usize,
     bytes: u32,
+}
+
+impl Chain {
+    const EMPTY_SGE: Sge = Sge {
+        addr: 0,
+        len: 0,
+        lkey: 0,
+    };
+
+    fn new() -> Self {
+        Chain {
+            sges: [[Self::EMPTY_SGE; RDMA_MAX_SGE]; RDMA_CHAIN],
+            nsge: [0; RDMA_CHAIN],
+            remotes: [RemoteBuf { addr: 0, rkey: 0 }; RDMA_CHAIN],
+            n: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Empties the chain for reuse (the arrays keep stale entries past `n`,
+    /// never read).
+    fn reset(&mut self) {
+        self.n = 0;
+        self.bytes = 0;
+    }
 }
 
 /// The next (up to `room`) segments of `op` from where its posting stopped:
 /// the descriptors sliced per [MS-SMBD] 3.1.4.5/3.1.4.6 at `offset +
 /// posted`, each mapped to the same position in the data buffer at region
 /// offset `base`. None if nothing is left or the descriptors do not slice.
-fn next_chain(op: &Op, descs: &[u8], base: u64, mr: MemoryRegion, room: usize) -> Option<Chain> {
-    let arr = BufferDescriptorArray::new_checked(descs).ok()?;
+/// Fills `c` (the endpoint's scratch chain: nothing is built or moved per
+/// call) and returns whether it holds anything.
+fn next_chain(
+    c: &mut Chain,
+    op: &Op,
+    descs: &[u8],
+    base: u64,
+    mr: MemoryRegion,
+    room: usize,
+) -> bool {
+    c.reset();
+    let Ok(arr) = BufferDescriptorArray::new_checked(descs) else {
+        return false;
+    };
     let posted = u64::from(op.posted);
-    let segs = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted)).ok()?;
-    let mut c = Chain {
-        sges: [[Sge {
-            addr: 0,
-            len: 0,
-            lkey: 0,
-        }]; RDMA_CHAIN],
-        remotes: [RemoteBuf { addr: 0, rkey: 0 }; RDMA_CHAIN],
-        n: 0,
-        bytes: 0,
+    let Ok(segs) = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted))
+    else {
+        return false;
     };
     for seg in segs.take(room.min(RDMA_CHAIN)) {
-        c.sges[c.n] = [mr.sge(base + posted + seg.local_offset, seg.length)];
+        c.sges[c.n][0] = mr.sge(base + posted + seg.local_offset, seg.length);
+        c.nsge[c.n] = 1;
         c.remotes[c.n] = RemoteBuf {
             addr: seg.remote_offset,
             rkey: seg.token,
@@ -332,7 +389,80 @@ fn next_chain(op: &Op, descs: &[u8], base: u64, mr: MemoryRegion, room: usize) -
         c.bytes += seg.length;
         c.n += 1;
     }
-    (c.n > 0).then_some(c)
+    c.n > 0
+}
+
+/// [`next_chain`] for a zero-copy op: the local side is its `pieces`
+/// (encoded), gathered up to `max_sge` per work request; a segment spanning
+/// more pieces than that is split into several work requests at
+/// consecutive peer addresses. False if nothing is left, the descriptors do
+/// not slice or the pieces are shorter than the transfer.
+fn next_chain_pieces(
+    c: &mut Chain,
+    op: &Op,
+    descs: &[u8],
+    pieces: &[u8],
+    room: usize,
+    max_sge: usize,
+) -> bool {
+    c.reset();
+    let Ok(arr) = BufferDescriptorArray::new_checked(descs) else {
+        return false;
+    };
+    let posted = u64::from(op.posted);
+    let Ok(segs) = rdma_slice::slice(&arr, op.offset + posted, u64::from(op.len - op.posted))
+    else {
+        return false;
+    };
+    let count = pieces.len() / PIECE_BYTES;
+    let piece = |i: usize| Piece::decode(&pieces[i * PIECE_BYTES..]);
+    // The piece holding transfer byte `posted`, and where it starts.
+    let (mut pi, mut pstart) = (0usize, 0u64);
+    while pi < count && pstart + u64::from(piece(pi).sge.len) <= posted {
+        pstart += u64::from(piece(pi).sge.len);
+        pi += 1;
+    }
+    let (mut pos, room, max_sge) = (posted, room.min(RDMA_CHAIN), max_sge.clamp(1, RDMA_MAX_SGE));
+    'segs: for seg in segs {
+        let seg_len = u64::from(seg.length);
+        let mut seg_done = 0u64;
+        while seg_done < seg_len {
+            if c.n == room {
+                break 'segs;
+            }
+            let (k, mut ns, mut wr_bytes) = (c.n, 0usize, 0u64);
+            while ns < max_sge && seg_done + wr_bytes < seg_len {
+                if pi >= count {
+                    c.reset();
+                    return false;
+                }
+                let p = piece(pi);
+                let in_piece = pos - pstart;
+                let take = (u64::from(p.sge.len) - in_piece).min(seg_len - seg_done - wr_bytes);
+                c.sges[k][ns] = Sge {
+                    addr: p.sge.addr + in_piece,
+                    len: take as u32,
+                    lkey: p.sge.lkey,
+                };
+                ns += 1;
+                wr_bytes += take;
+                pos += take;
+                if pos == pstart + u64::from(p.sge.len) {
+                    pstart = pos;
+                    pi += 1;
+                }
+            }
+            c.remotes[k] = RemoteBuf {
+                addr: seg.remote_offset + seg_done,
+                rkey: seg.token,
+            };
+            c.nsge[k] = ns;
+            c.n += 1;
+            c.bytes += wr_bytes as u32;
+            seg_done += wr_bytes;
+        }
+    }
+    c.n > 0
 }
 
 fn map_alloc(e: AllocError) -> RdmaError {
@@ -358,6 +488,8 @@ impl RdmaOps {
             wrs_in_flight: 0,
             next_ticket: 1,
             stats: RdmaStats::default(),
+            pins: None,
+            max_sge: 1,
         }
     }
 
@@ -399,6 +531,7 @@ impl RdmaOps {
 
     /// Validates a request and copies `descs` and `context` into one pool
     /// buffer; returns it with the descriptors' length.
+    #[allow(clippy::too_many_arguments)]
     fn stage_aux(
         alloc: &mut SliceAllocator,
         pool: &BufferPool,
@@ -406,16 +539,24 @@ impl RdmaOps {
         offset: u64,
         len: u32,
         context: &[u8],
+        pieces: &[Piece],
     ) -> Result<(BufId, u32, u32), RdmaError> {
         let arr = BufferDescriptorArray::new_checked(descs).map_err(RdmaError::Malformed)?;
         rdma_slice::slice(&arr, offset, u64::from(len)).map_err(RdmaError::Descriptors)?;
-        let aux_len = descs.len() + context.len();
+        let head = descs.len() + context.len();
+        let aux_len = head + pieces.len() * PIECE_BYTES;
         let aux = alloc_at_least(alloc, pool, aux_len).map_err(map_alloc)?;
         // SAFETY: `aux` was just allocated and is exclusively ours.
         match unsafe { pool.bytes_mut(aux) } {
             Some(b) if b.len() >= aux_len => {
                 b[..descs.len()].copy_from_slice(descs);
-                b[descs.len()..aux_len].copy_from_slice(context);
+                b[descs.len()..head].copy_from_slice(context);
+                for (p, out) in pieces
+                    .iter()
+                    .zip(b[head..aux_len].chunks_exact_mut(PIECE_BYTES))
+                {
+                    p.encode(out);
+                }
             }
             _ => {
                 let _ = alloc.free(aux);
@@ -449,7 +590,8 @@ impl RdmaOps {
         let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
             return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
         };
-        let (aux, descs_len, ctx_len) = Self::stage_aux(alloc, pool, descs, offset, len, context)?;
+        let (aux, descs_len, ctx_len) =
+            Self::stage_aux(alloc, pool, descs, offset, len, context, &[])?;
         let data = match alloc_at_least(alloc, pool, len as usize) {
             Ok(d) => d,
             Err(e) => {
@@ -478,6 +620,7 @@ impl RdmaOps {
             aux: Some(aux),
             descs_len,
             ctx_len,
+            pieces: 0,
             offset,
             posted: 0,
             wrs: 0,
@@ -485,6 +628,100 @@ impl RdmaOps {
             cont: None,
         };
         // Cannot exceed the capacity: one entry per non-free slot at most.
+        self.pending.push_back(slot as u16);
+        Ok(ticket)
+    }
+
+    /// Stages a zero-copy operation (see
+    /// [`crate::upper::Replies::rdma_write_pieces`]): the local side is
+    /// `pieces` (registered memory of the upper layer, pinned), which must
+    /// add up to `len`. Whatever the outcome, the pins are released through
+    /// `pins` once no work request can touch the pieces: at once if this
+    /// fails.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn stage_pieces(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        kind: RdmaKind,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        max_len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+        pins: &Arc<dyn Pins>,
+    ) -> Result<Ticket, RdmaError> {
+        let r = self.stage_pieces_inner(
+            alloc, pool, kind, descs, offset, len, max_len, context, pieces,
+        );
+        match r {
+            Ok(t) => {
+                if self.pins.is_none() {
+                    self.pins = Some(Arc::clone(pins));
+                }
+                Ok(t)
+            }
+            Err(e) => {
+                for p in pieces {
+                    if p.pin != crate::zerocopy::NO_PIN {
+                        pins.unpin(p);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stage_pieces_inner(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        pool: &BufferPool,
+        kind: RdmaKind,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        max_len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+    ) -> Result<Ticket, RdmaError> {
+        if len > max_len {
+            return Err(RdmaError::TooLarge {
+                len: u64::from(len),
+                max: u64::from(max_len),
+            });
+        }
+        let total: u64 = pieces.iter().map(|p| u64::from(p.sge.len)).sum();
+        if pieces.is_empty()
+            || pieces.len() > RDMA_MAX_PIECES
+            || total != u64::from(len)
+            || pieces.iter().any(|p| p.sge.len == 0)
+        {
+            return Err(RdmaError::NotAvailable);
+        }
+        let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
+            return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
+        };
+        let (aux, descs_len, ctx_len) =
+            Self::stage_aux(alloc, pool, descs, offset, len, context, pieces)?;
+        let ticket = self.take_ticket();
+        self.ops[slot] = Op {
+            state: OpState::Staged,
+            kind,
+            ticket,
+            data: None,
+            len,
+            aux: Some(aux),
+            descs_len,
+            ctx_len,
+            pieces: pieces.len() as u16,
+            offset,
+            posted: 0,
+            wrs: 0,
+            chains: 0,
+            cont: None,
+        };
         self.pending.push_back(slot as u16);
         Ok(ticket)
     }
@@ -501,11 +738,15 @@ impl RdmaOps {
         context: &[u8],
     ) -> Result<Ticket, RdmaError> {
         let op = self.ops.get(slot).copied().ok_or(RdmaError::NotAvailable)?;
-        if op.state != OpState::Done || op.kind != RdmaKind::Read || op.cont.is_some() {
+        if op.state != OpState::Done
+            || op.kind != RdmaKind::Read
+            || op.cont.is_some()
+            || op.data.is_none()
+        {
             return Err(RdmaError::NotAvailable);
         }
         let (aux, descs_len, ctx_len) =
-            Self::stage_aux(alloc, pool, descs, offset, op.len, context)?;
+            Self::stage_aux(alloc, pool, descs, offset, op.len, context, &[])?;
         let ticket = self.take_ticket();
         self.ops[slot].cont = Some(Continuation {
             ticket,
@@ -551,7 +792,7 @@ impl RdmaOps {
                 op.posted = 0;
                 self.pending.push_back(slot as u16);
             }
-            None => Self::free_op(op, alloc),
+            None => Self::free_op(op, alloc, self.pins.as_deref()),
         }
     }
 
@@ -563,7 +804,7 @@ impl RdmaOps {
             if op.state != OpState::Staged {
                 break;
             }
-            Self::free_op(op, alloc);
+            Self::free_op(op, alloc, self.pins.as_deref());
             self.pending.pop_back();
         }
         if let Some(op) = completing.and_then(|s| self.ops.get_mut(s)) {
@@ -573,7 +814,20 @@ impl RdmaOps {
         }
     }
 
-    fn free_op(op: &mut Op, alloc: &mut SliceAllocator) {
+    /// Frees `op`'s buffers and releases the pins of its pieces (nothing of
+    /// it is in flight).
+    fn free_op(op: &mut Op, alloc: &mut SliceAllocator, pins: Option<&dyn Pins>) {
+        if op.pieces > 0 {
+            if let (Some(pins), Some(aux)) = (pins, op.aux) {
+                // SAFETY: the aux buffer belongs to this op and is never
+                // given to the provider; the op is being freed.
+                if let Some(b) =
+                    unsafe { alloc.pool().bytes(aux) }.and_then(|b| b.get(op.pieces_range()))
+                {
+                    unpin_encoded(pins, b);
+                }
+            }
+        }
         for b in [op.data.take(), op.aux.take(), op.cont.take().map(|c| c.aux)]
             .into_iter()
             .flatten()
@@ -591,7 +845,7 @@ impl RdmaOps {
             slot,
             ticket: op.ticket,
             kind: op.kind,
-            data: op.data?,
+            data: op.data,
             len: op.len,
             aux: op.aux?,
             descs_len: op.descs_len,
@@ -603,7 +857,7 @@ impl RdmaOps {
     pub(crate) fn release_idle(&mut self, alloc: &mut SliceAllocator) {
         for op in self.ops.iter_mut() {
             if op.state != OpState::Free && op.chains == 0 {
-                Self::free_op(op, alloc);
+                Self::free_op(op, alloc, self.pins.as_deref());
             }
         }
         let ops = &self.ops;
@@ -691,6 +945,9 @@ pub struct Endpoint<Q: QueuePair> {
     capture: Option<(Arc<CaptureHandle>, CaptureConn)>,
     /// The upper layer's RDMA operations (None until enabled).
     rdma: Option<RdmaOps>,
+    /// Scratch for the work requests of one `post_send` of RDMA (reused:
+    /// nothing of its size is built per post).
+    chain: Box<Chain>,
 }
 
 impl<Q: QueuePair> Endpoint<Q> {
@@ -709,6 +966,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             send_depth: u32::MAX,
             capture: None,
             rdma: None,
+            chain: Box::new(Chain::new()),
         }
     }
 
@@ -718,6 +976,16 @@ impl<Q: QueuePair> Endpoint<Q> {
     pub fn enable_rdma(&mut self, capacity: usize) {
         let (_ird, ord) = self.qp.ird_ord();
         self.rdma = Some(RdmaOps::new(capacity, ord));
+    }
+
+    /// SGEs per work request the queue pair was created with
+    /// ([`crate::provider::QpCaps::max_sge`]): zero-copy RDMA gathers up to
+    /// that many (at most [`RDMA_MAX_SGE`]) pieces per work request. Call
+    /// after [`Endpoint::enable_rdma`].
+    pub fn set_max_sge(&mut self, max_sge: u32) {
+        if let Some(r) = self.rdma.as_mut() {
+            r.max_sge = (max_sge as usize).clamp(1, RDMA_MAX_SGE);
+        }
     }
 
     /// The RDMA operations, if enabled.
@@ -1022,7 +1290,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             OpState::Queued if op.posted < op.len && self.failed.is_none() => {}
             OpState::Failed | OpState::Queued => {
                 // Nothing of it in flight any more: its buffers go home.
-                RdmaOps::free_op(op, alloc);
+                RdmaOps::free_op(op, alloc, r.pins.as_deref());
                 let ops = &r.ops;
                 r.pending
                     .retain(|&s| ops[s as usize].state != OpState::Free);
@@ -1055,10 +1323,11 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         let used = self.sq_used();
         let mut sq_room = self.send_depth.saturating_sub(used);
-        let (qp, pool, mr) = (&mut self.qp, &self.pool, self.mr);
+        let (qp, pool, mr, c) = (&mut self.qp, &self.pool, self.mr, &mut *self.chain);
         let Some(r) = self.rdma.as_mut() else {
             return Ok(());
         };
+        let max_sge = r.max_sge;
         // (error, whether the connection is lost) once the loop stops.
         let mut failure: Option<(WcStatus, bool)> = None;
         let mut i = 0;
@@ -1081,38 +1350,40 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             // SAFETY: the aux buffer belongs to this op and is never given to
             // the provider; nothing writes it while the op lives.
-            let descs = op
-                .aux
-                .and_then(|aux| unsafe { pool.bytes(aux) })
-                .and_then(|b| b.get(..op.descs_len as usize));
-            let base = op
-                .data
-                .and_then(|d| pool.locate(d))
-                .map(|l| l.offset as u64);
+            let aux = op.aux.and_then(|aux| unsafe { pool.bytes(aux) });
+            let descs = aux.and_then(|b| b.get(..op.descs_len as usize));
+            let filled = if op.pieces > 0 {
+                let pieces = aux.and_then(|b| b.get(op.pieces_range()));
+                descs
+                    .zip(pieces)
+                    .is_some_and(|(d, p)| next_chain_pieces(c, &op, d, p, room, max_sge))
+            } else {
+                let base = op
+                    .data
+                    .and_then(|d| pool.locate(d))
+                    .map(|l| l.offset as u64);
+                descs
+                    .zip(base)
+                    .is_some_and(|(descs, base)| next_chain(c, &op, descs, base, mr, room))
+            };
             // Validated when the op was staged: failing here is a bug,
             // reported as a local protection error rather than a panic.
-            let Some(Chain {
-                sges,
-                remotes,
-                n,
-                bytes,
-            }) = descs
-                .zip(base)
-                .and_then(|(descs, base)| next_chain(&op, descs, base, mr, room))
-            else {
+            if !filled {
                 failure = Some((WcStatus::LocalProtectionError, false));
                 break;
             };
+            let (n, bytes) = (c.n, c.bytes);
+            let ch = &*c;
             let wrs: [SendWr<'_>; RDMA_CHAIN] = core::array::from_fn(|k| SendWr {
                 wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
                 op: match op.kind {
                     RdmaKind::Read => SendOp::RdmaRead {
-                        sges: &sges[k],
-                        remote: remotes[k],
+                        sges: &ch.sges[k][..ch.nsge[k]],
+                        remote: ch.remotes[k],
                     },
                     RdmaKind::Write => SendOp::RdmaWrite {
-                        sges: &sges[k],
-                        remote: remotes[k],
+                        sges: &ch.sges[k][..ch.nsge[k]],
+                        remote: ch.remotes[k],
                     },
                 },
                 // Selective signaling: the chain's last request completes
@@ -1443,27 +1714,31 @@ mod tests {
                         continue;
                     }
                 };
-                assert_eq!(sges.len(), 1, "one SGE per RDMA work request");
+                assert!(!sges.is_empty() && sges.len() <= RDMA_MAX_SGE);
                 let status = if self.broken {
                     WcStatus::Flushed
                 } else if remote.rkey == self.bad_rkey {
                     self.broken = true;
                     WcStatus::RemoteAccessError
                 } else {
-                    let (at, len) = (remote.addr as usize, sges[0].len as usize);
-                    let local = sges[0].addr as *mut u8;
-                    // SAFETY: the SGE points into the test's pool (the fake
-                    // region's address is the pool's mapping).
-                    unsafe {
-                        if read {
-                            std::ptr::copy_nonoverlapping(self.peer[at..].as_ptr(), local, len);
-                        } else {
-                            std::ptr::copy_nonoverlapping(
-                                local,
-                                self.peer[at..at + len].as_mut_ptr(),
-                                len,
-                            );
+                    let mut at = remote.addr as usize;
+                    for sge in sges {
+                        let (len, local) = (sge.len as usize, sge.addr as *mut u8);
+                        // SAFETY: the SGE points into the test's pool (the
+                        // fake region's address is the pool's mapping) or
+                        // into a test's own buffer.
+                        unsafe {
+                            if read {
+                                std::ptr::copy_nonoverlapping(self.peer[at..].as_ptr(), local, len);
+                            } else {
+                                std::ptr::copy_nonoverlapping(
+                                    local,
+                                    self.peer[at..at + len].as_mut_ptr(),
+                                    len,
+                                );
+                            }
                         }
+                        at += len;
                     }
                     WcStatus::Success
                 };
@@ -1612,7 +1887,8 @@ mod tests {
             assert!(r.ep.qp().reads_outstanding <= 2, "reads posted beyond ORD");
             while let Some(d) = r.ep.rdma().unwrap().peek_done() {
                 // SAFETY: the op is done; nothing writes its buffer.
-                let data = unsafe { r.pool.bytes(d.data) }.unwrap()[..d.len as usize].to_vec();
+                let data =
+                    unsafe { r.pool.bytes(d.data.unwrap()) }.unwrap()[..d.len as usize].to_vec();
                 done.push((d.ticket, d.kind, data));
                 with_replies(&mut r, Some(d.slot), |_| Ok(())).unwrap();
             }
@@ -1853,5 +2129,165 @@ mod tests {
         for id in taken {
             r.alloc.free(id).unwrap();
         }
+    }
+
+    #[test]
+    fn zero_copy_chains_gather_pieces_up_to_max_sge_and_split_segments() {
+        // Two peer segments of 150 bytes (gap between them), five local
+        // pieces of 60 bytes: 300 bytes in all.
+        let d = descs(0x10_0000, 2, 150, 7);
+        let pieces: Vec<u8> = (0..5u64)
+            .flat_map(|i| {
+                let p = Piece {
+                    sge: Sge {
+                        addr: 0x9000 + i * 1000,
+                        len: 60,
+                        lkey: 3,
+                    },
+                    pin: i as u32,
+                };
+                let mut b = [0u8; PIECE_BYTES];
+                p.encode(&mut b);
+                b
+            })
+            .collect();
+        let mut op = Op {
+            state: OpState::Queued,
+            kind: RdmaKind::Write,
+            len: 300,
+            pieces: 5,
+            ..Op::FREE
+        };
+        // Everything at once, two SGEs per work request.
+        let mut c = Chain::new();
+        assert!(next_chain_pieces(&mut c, &op, &d, &pieces, 16, 2));
+        assert_eq!(c.bytes, 300);
+        let mut local = Vec::new();
+        let mut at = [0u64; 2];
+        for k in 0..c.n {
+            assert!(c.nsge[k] >= 1 && c.nsge[k] <= 2);
+            let len: u64 = c.sges[k][..c.nsge[k]]
+                .iter()
+                .map(|s| u64::from(s.len))
+                .sum();
+            // Work requests stay inside one segment, at consecutive
+            // peer addresses.
+            let seg = ((c.remotes[k].addr - 0x10_0000) / 250) as usize;
+            assert_eq!(c.remotes[k].addr, 0x10_0000 + seg as u64 * 250 + at[seg]);
+            assert_eq!(c.remotes[k].rkey, 7);
+            at[seg] += len;
+            for s in &c.sges[k][..c.nsge[k]] {
+                assert_eq!(s.lkey, 3);
+                local.extend((0..s.len as u64).map(|i| s.addr + i));
+            }
+        }
+        assert_eq!(at, [150, 150]);
+        let expect: Vec<u64> = (0..5u64)
+            .flat_map(|i| (0..60).map(move |j| 0x9000 + i * 1000 + j))
+            .collect();
+        assert_eq!(local, expect, "every local byte once, in order");
+        // Room for two work requests: the rest comes in the next chain,
+        // from where this one stopped (mid-piece and mid-segment).
+        assert!(next_chain_pieces(&mut c, &op, &d, &pieces, 2, 2));
+        assert_eq!(c.n, 2);
+        let first_bytes = c.bytes;
+        op.posted = first_bytes;
+        assert!(next_chain_pieces(&mut c, &op, &d, &pieces, 16, 2));
+        assert_eq!(first_bytes + c.bytes, 300);
+        let s0 = c.sges[0][0];
+        assert_eq!(
+            s0.addr, expect[first_bytes as usize],
+            "the next chain starts at the next byte"
+        );
+        // Pieces shorter than the transfer: refused, not a panic.
+        assert!(!next_chain_pieces(
+            &mut c,
+            &op,
+            &d,
+            &pieces[..PIECE_BYTES * 2],
+            16,
+            2
+        ));
+    }
+
+    /// Counts pins per piece (`pin` is an index).
+    #[derive(Default)]
+    struct CountingPins(std::sync::Mutex<Vec<u32>>);
+
+    impl Pins for CountingPins {
+        fn unpin(&self, piece: &Piece) {
+            self.0.lock().unwrap()[piece.pin as usize] += 1;
+        }
+    }
+
+    #[test]
+    fn zero_copy_pins_are_released_once_on_every_path() {
+        let mut r = rig(16);
+        r.ep.set_max_sge(4);
+        let counting = Arc::new(CountingPins(std::sync::Mutex::new(vec![0; 8])));
+        let pins: Arc<dyn Pins> = counting.clone();
+        let mut src = vec![0u8; 3000];
+        for (i, b) in src.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        // Three pieces of 1000 bytes (pins 0..3) and a zero piece (no pin).
+        let piece = |i: usize, pin: u32| Piece {
+            sge: Sge {
+                addr: src.as_ptr() as u64 + i as u64 * 1000,
+                len: 1000,
+                lkey: 9,
+            },
+            pin,
+        };
+        let pieces = [piece(0, 0), piece(1, 1), piece(2, 2)];
+        let unpins = || counting.0.lock().unwrap().clone();
+        // Completed and handed to the upper layer: released at its commit.
+        let t = with_replies(&mut r, None, |o| {
+            o.rdma_write_pieces(&descs(0, 2, 1500, 1), 0, 3000, b"ctx", &pieces, &pins)
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        assert_eq!(&r.ep.qp().peer[..1500], &src[..1500]);
+        assert_eq!(&r.ep.qp().peer[1600..3100], &src[1500..]);
+        let done = r.ep.rdma().unwrap().peek_done().unwrap();
+        assert_eq!((done.ticket, done.data, done.len), (t, None, 3000));
+        assert_eq!(
+            unpins(),
+            [0; 8],
+            "held while the upper layer has not seen it"
+        );
+        with_replies(&mut r, Some(done.slot), |_| Ok(())).unwrap();
+        assert_eq!(unpins(), [1, 1, 1, 0, 0, 0, 0, 0]);
+        // Refused (descriptors too short): released at once.
+        let e = with_replies(&mut r, None, |o| {
+            o.rdma_write_pieces(&descs(0, 1, 100, 1), 0, 3000, b"", &pieces, &pins)
+        });
+        assert!(e.is_err());
+        assert_eq!(unpins(), [2, 2, 2, 0, 0, 0, 0, 0]);
+        // Undone by the handler's backpressure: released.
+        let _ = with_replies(&mut r, None, |o| {
+            o.rdma_read_pieces(&descs(0, 1, 3000, 1), 0, 3000, b"", &pieces, &pins)?;
+            Err::<Ticket, _>(RdmaError::Backpressure(Backpressure::SendQueueFull))
+        });
+        assert_eq!(unpins(), [3, 3, 3, 0, 0, 0, 0, 0]);
+        // Failed on the wire: released once the flushed chain is back.
+        let mut bad = descs(0, 2, 1500, 1);
+        bad[16 + 8..16 + 12].copy_from_slice(&0xdeadu32.to_le_bytes());
+        with_replies(&mut r, None, |o| {
+            o.rdma_write_pieces(&bad, 0, 3000, b"", &pieces, &pins)
+        })
+        .unwrap();
+        r.ep.post_rdma().unwrap();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert_eq!(r.ep.outstanding(), 0);
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(unpins(), [4, 4, 4, 0, 0, 0, 0, 0]);
+        assert_eq!(free_counts(&r.pool), r.baseline, "every aux buffer home");
     }
 }

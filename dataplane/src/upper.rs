@@ -62,6 +62,8 @@
 
 use crate::endpoint::RdmaOps;
 use crate::planes::{ConnId, UpperControl, UpperEvent, WorkerStats};
+use crate::provider::MemoryRegion;
+use crate::zerocopy::{Piece, Pins};
 use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
 use smbdirect_protocol::ntstatus::{
     NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
@@ -71,6 +73,7 @@ use smbdirect_protocol::smbd::wire::BufferDescriptorArray;
 use smbdirect_protocol::time::Instant as PInstant;
 use smbdirect_protocol::WireError;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Why a reply could not be queued now. The worker keeps the message and
 /// calls the upper layer again later; nothing is dropped.
@@ -166,8 +169,15 @@ pub struct RdmaDone<'a> {
     pub ticket: Ticket,
     /// Read or Write.
     pub kind: RdmaKind,
-    /// The bytes read from the peer (Read) or written to it (Write).
+    /// The bytes read from the peer (Read) or written to it (Write); empty
+    /// for a zero-copy operation (the bytes are in the upper layer's own
+    /// memory: see `zero_copy`).
     pub data: &'a [u8],
+    /// Bytes moved.
+    pub len: u32,
+    /// Requested with [`Replies::rdma_write_pieces`] or
+    /// [`Replies::rdma_read_pieces`].
+    pub zero_copy: bool,
     /// The context passed with the request.
     pub context: &'a [u8],
 }
@@ -316,6 +326,69 @@ impl Replies<'_> {
         )
     }
 
+    /// [MS-SMBD] 3.1.4.5 without a staging buffer: RDMA-writes the `len`
+    /// bytes of `pieces` (memory of the upper layer registered with the
+    /// provider through [`UpperLayer::zero_copy_regions`], pinned so it is
+    /// not reused before the transfer ends; see [`crate::zerocopy`]) to the
+    /// peer buffer `descs` describe, starting `offset` bytes into it. The
+    /// pins are released through `pins` once no work request can touch the
+    /// pieces any more (at once if this returns an error, or if the handler
+    /// returns backpressure). Completes like [`Replies::rdma_write`], with
+    /// empty [`RdmaDone::data`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rdma_write_pieces(
+        &mut self,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+        pins: &Arc<dyn Pins>,
+    ) -> Result<Ticket, RdmaError> {
+        self.stage_pieces(RdmaKind::Write, descs, offset, len, context, pieces, pins)
+    }
+
+    /// [MS-SMBD] 3.1.4.6 without a staging buffer: RDMA-reads `len` bytes
+    /// from the peer buffer `descs` describe (from `offset` into it)
+    /// straight into `pieces`; pins as for [`Replies::rdma_write_pieces`].
+    /// If the Read fails the connection ends and the pieces may hold part of
+    /// the data.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rdma_read_pieces(
+        &mut self,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+        pins: &Arc<dyn Pins>,
+    ) -> Result<Ticket, RdmaError> {
+        self.stage_pieces(RdmaKind::Read, descs, offset, len, context, pieces, pins)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stage_pieces(
+        &mut self,
+        kind: RdmaKind,
+        descs: &[u8],
+        offset: u64,
+        len: u32,
+        context: &[u8],
+        pieces: &[Piece],
+        pins: &Arc<dyn Pins>,
+    ) -> Result<Ticket, RdmaError> {
+        let max = self.max_read_write;
+        let Some(rdma) = self.rdma.as_deref_mut() else {
+            for p in pieces.iter().filter(|p| p.pin != crate::zerocopy::NO_PIN) {
+                pins.unpin(p);
+            }
+            return Err(RdmaError::NotAvailable);
+        };
+        rdma.stage_pieces(
+            self.alloc, self.pool, kind, descs, offset, len, max, context, pieces, pins,
+        )
+    }
+
     /// Inside [`UpperLayer::on_rdma_complete`] of an RDMA Read: RDMA-writes
     /// the bytes just read, without copying them (the pool buffer moves to
     /// the Write), to the buffer `descs` describe at `offset`. The Read's
@@ -394,6 +467,20 @@ pub trait UpperLayer: Send + 'static {
 
     /// A message from the control plane for the upper layer.
     fn on_control(&mut self, _msg: UpperControl) {}
+
+    /// Memory of this layer that RDMA may move data from and to directly
+    /// ([`crate::zerocopy`]): `(address, length)` of each region. The server
+    /// registers each distinct region once with its provider, before the
+    /// worker runs, and passes the registrations to
+    /// [`UpperLayer::set_zero_copy_regions`].
+    fn zero_copy_regions(&self) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
+
+    /// The registrations of [`UpperLayer::zero_copy_regions`], in the same
+    /// order; not called when registration failed (the layer then keeps
+    /// staging its data through pool buffers).
+    fn set_zero_copy_regions(&mut self, _mrs: &[MemoryRegion]) {}
 }
 
 /// What an upper layer's [`UpperLayer::poll`] may do.

@@ -87,12 +87,53 @@
 //! Open files are named by [`Handle`]s of a per-worker [`OpenTable`], so a
 //! lookup on the I/O path touches only the worker's own memory and the
 //! file's atomics.
+//!
+//! # Zero-copy RDMA
+//! The data region (and a separate all-zero block standing for holes) can
+//! be registered with the RDMA provider ([`Store::zero_copy`]): READ then
+//! RDMA-writes straight from the file's blocks and WRITE RDMA-reads straight
+//! into them ([`Store::pin_read`], [`Store::pin_write`]), a scatter list of
+//! blocks (neighbouring pool blocks merged into one piece).
+//!
+//! A transfer outlives the request that started it, and the freeing rule
+//! above does not cover that: the open may be closed, or truncate its file,
+//! while the provider still reads or writes the blocks. So every block a
+//! transfer uses is *pinned*, and a pinned block is never handed to another
+//! file. Each block has a pin word (`Pool::pins`): a count of pins in the
+//! low bits and a FREED bit.
+//! - Pinning (I/O path, lock-free, no allocation): read the block number
+//!   from the file's map, increment its pin count, then read the map entry
+//!   again; if it no longer names that block (it was unmapped in between),
+//!   drop the pin and look again. Both steps are sequentially consistent,
+//!   and unmapping swaps the entry to 0 *before* freeing (also sequentially
+//!   consistent), so either the pinner sees the entry gone or the freer
+//!   sees the pin.
+//! - Freeing a mapped block (`Pool::free_block`): with no pin it goes to the
+//!   free queue at once; with pins it only gets the FREED bit.
+//! - Unpinning (`Pool::unpin`): the holder of the last pin of a FREED block
+//!   clears the word and puts the block on the free queue.
+//!
+//! A pin taken on a block that was already free (a reader that lost the race
+//! above) is harmless: the re-check fails, and the pin is dropped before the
+//! block can be freed again, or else defers that free like any pin. Blocks
+//! are filled when taken, so a deferred block never shows its old bytes to
+//! another file. A transfer concurrent with a truncation of its own file may
+//! see zeros (as with the copy path: same-file races are disk-like).
+//!
+//! WRITE goes in place only when the whole range is inside the end of file
+//! and already mapped (overwrites); anything else (holes, extending writes)
+//! is staged and copied as before, so a failed RDMA Read (the connection
+//! ends, [MS-SMBD] 3.1.5.3: the client sees no response and treats the
+//! write as failed) can leave torn bytes only inside the end of file, within
+//! the range the client asked to write (docs/spec-notes.md).
 
 use super::store::{
     attributes, disposition_allows_directory, filetime_now, valid_path, Action, DirEntry,
     Disposition, FileInfo, FsInfo, Handle, OpenRequest, OpenTable, Poll, SetTimes, Store,
-    StoreError, StoreFactory, Tag,
+    StoreError, StoreFactory, Tag, ZeroCopy,
 };
+use crate::provider::Sge;
+use crate::zerocopy::{Piece, Pins, NO_PIN};
 use crossbeam_queue::ArrayQueue;
 use memmap2::{Advice, MmapMut, MmapOptions};
 use std::collections::HashMap;
@@ -115,6 +156,8 @@ pub const CHUNK_SLACK: usize = 4096;
 const MAX_BLOCKS: u64 = u32::MAX as u64 - 1;
 /// Size of the hugepages the pool asks for.
 const HUGEPAGE: u64 = 2 << 20;
+/// Pin word: set once a pinned block was freed (the last unpin frees it).
+const PIN_FREED: u32 = 1 << 31;
 
 /// The block pool: data region, free blocks, chunk tables.
 struct Pool {
@@ -137,6 +180,13 @@ struct Pool {
     /// Free chunk numbers; every free chunk is all zeros.
     free_chunks: ArrayQueue<u32>,
     hugepages: bool,
+    /// Per block: pins of zero-copy transfers, and [`PIN_FREED`] (see the
+    /// module docs).
+    pins: Box<[AtomicU32]>,
+    /// One block of zeros, never written: what a zero-copy READ sends for
+    /// holes.
+    zero: NonNull<u8>,
+    _zero_map: MmapMut,
 }
 
 // SAFETY: `data` and `chunks` point into mappings owned by the pool and
@@ -206,6 +256,8 @@ impl Pool {
         let data = NonNull::new(data_map.as_mut_ptr()).ok_or("memory store: null mapping")?;
         let chunks = NonNull::new(chunk_map.as_mut_ptr().cast::<AtomicU32>())
             .ok_or("memory store: null mapping")?;
+        let (mut zero_map, _) = map_region(BLOCK_SIZE as usize, false)?;
+        let zero = NonNull::new(zero_map.as_mut_ptr()).ok_or("memory store: null mapping")?;
         Ok(Pool {
             data,
             _data_map: data_map,
@@ -217,7 +269,64 @@ impl Pool {
             chunk_count: chunk_count as u32,
             free_chunks,
             hugepages,
+            pins: (0..blocks).map(|_| AtomicU32::new(0)).collect(),
+            zero,
+            _zero_map: zero_map,
         })
+    }
+
+    /// Frees block `b`, which a file mapped until now (its map entry is
+    /// already 0): at once, or when its last pin goes.
+    fn free_block(&self, b: u32) {
+        let word = &self.pins[b as usize];
+        let mut cur = word.load(Ordering::SeqCst);
+        loop {
+            if cur & !PIN_FREED == 0 {
+                // No pin. A pinner arriving now re-checks the map, finds
+                // the entry gone and drops its pin without freeing.
+                self.give_block(b);
+                return;
+            }
+            match word.compare_exchange(cur, cur | PIN_FREED, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Pins block `b` (the caller re-checks that it is still mapped).
+    fn pin(&self, b: u32) {
+        self.pins[b as usize].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Drops a pin of block `b`; the last pin of a freed block frees it.
+    fn unpin(&self, b: u32) {
+        let word = &self.pins[b as usize];
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(cur & !PIN_FREED > 0, "unpin of an unpinned block");
+            let (new, give) = if cur == PIN_FREED | 1 {
+                (0, true)
+            } else {
+                (cur.wrapping_sub(1), false)
+            };
+            match word.compare_exchange(cur, new, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => {
+                    if give {
+                        self.give_block(b);
+                    }
+                    return;
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// The pool block holding address `addr` of the data region.
+    fn block_of(&self, addr: u64) -> Option<u32> {
+        let off = addr.checked_sub(self.data.as_ptr() as u64)?;
+        let b = off >> BLOCK_SHIFT;
+        (b < u64::from(self.blocks)).then_some(b as u32)
     }
 
     /// The table of chunk `c`.
@@ -691,6 +800,119 @@ impl Shared {
         }
     }
 
+    /// Pins the pool block behind file block `b` (module docs), if mapped.
+    fn pin_block(&self, node: &Node, b: u64) -> Option<u32> {
+        let pool = &self.pool;
+        loop {
+            let blk = node.block(pool, b)?;
+            pool.pin(blk);
+            // The re-check (SeqCst after the SeqCst increment).
+            let again = node
+                .top
+                .get((b >> CHUNK_SHIFT) as usize)
+                .map(|t| t.load(Ordering::SeqCst))
+                .filter(|&t| t != 0)
+                .map(|t| {
+                    pool.chunk(t - 1)[(b as usize) & (CHUNK_ENTRIES - 1)].load(Ordering::SeqCst)
+                });
+            if again == Some(blk + 1) {
+                return Some(blk);
+            }
+            pool.unpin(blk);
+        }
+    }
+
+    /// Pinned pieces for `len` bytes at `offset` of `node` (holes from the
+    /// zero block when `holes`, else None at the first hole). Neighbouring
+    /// pool blocks share a piece. None if `out` is too short; nothing stays
+    /// pinned then.
+    fn pin_range(
+        &self,
+        node: &Node,
+        offset: u64,
+        len: u32,
+        lkeys: &[u32],
+        out: &mut [Piece],
+        holes: bool,
+    ) -> Option<usize> {
+        let (&data_key, &zero_key) = (lkeys.first()?, lkeys.get(1)?);
+        let pool = &self.pool;
+        let end = offset.checked_add(u64::from(len))?;
+        let mut n = 0usize;
+        let mut pos = offset;
+        let mut ok = true;
+        while pos < end {
+            let b = pos >> BLOCK_SHIFT;
+            let lo = pos & (BLOCK_SIZE - 1);
+            let take = (BLOCK_SIZE - lo).min(end - pos);
+            let piece = match self.pin_block(node, b) {
+                Some(blk) => Piece {
+                    sge: Sge {
+                        addr: pool.block_ptr(blk) as u64 + lo,
+                        len: take as u32,
+                        lkey: data_key,
+                    },
+                    pin: blk,
+                },
+                None if holes => Piece {
+                    sge: Sge {
+                        addr: pool.zero.as_ptr() as u64 + lo,
+                        len: take as u32,
+                        lkey: zero_key,
+                    },
+                    pin: NO_PIN,
+                },
+                None => {
+                    ok = false;
+                    break;
+                }
+            };
+            pos += take;
+            // Merge with the previous piece when contiguous in the pool.
+            if let Some(prev) = n.checked_sub(1).map(|i| &mut out[i]) {
+                if prev.pin != NO_PIN
+                    && piece.pin != NO_PIN
+                    && prev.sge.addr + u64::from(prev.sge.len) == piece.sge.addr
+                {
+                    prev.sge.len += piece.sge.len;
+                    continue;
+                }
+            }
+            if n == out.len() {
+                if piece.pin != NO_PIN {
+                    pool.unpin(piece.pin);
+                }
+                ok = false;
+                break;
+            }
+            out[n] = piece;
+            n += 1;
+        }
+        if !ok {
+            for p in &out[..n] {
+                self.unpin_piece(p);
+            }
+            return None;
+        }
+        Some(n)
+    }
+
+    /// Drops the pins of every block `p` covers.
+    fn unpin_piece(&self, p: &Piece) {
+        if p.pin == NO_PIN || p.sge.len == 0 {
+            return;
+        }
+        let pool = &self.pool;
+        if let (Some(first), Some(last)) = (
+            pool.block_of(p.sge.addr),
+            pool.block_of(p.sge.addr + u64::from(p.sge.len) - 1),
+        ) {
+            for b in first..=last {
+                pool.unpin(b);
+            }
+        }
+    }
+
     /// Sets the end of file of `node`. Called with the namespace lock held;
     /// `sole`: the caller's open is the only one, so blocks past the end
     /// can be freed at once.
@@ -737,9 +959,11 @@ impl Shared {
             let base = (ci as u64) << CHUNK_SHIFT;
             for (i, e) in table.iter().enumerate() {
                 if base + i as u64 >= keep {
-                    let blk = e.swap(0, Ordering::AcqRel);
+                    // SeqCst: ordered against a zero-copy pinner's re-check
+                    // (module docs).
+                    let blk = e.swap(0, Ordering::SeqCst);
                     if blk != 0 {
-                        pool.give_block(blk - 1);
+                        pool.free_block(blk - 1);
                         node.mapped.fetch_sub(1, Ordering::Relaxed);
                     }
                 }
@@ -800,6 +1024,12 @@ impl Shared {
             let keep = node.size.load(Ordering::Acquire).div_ceil(BLOCK_SIZE);
             self.release_past(node, keep);
         }
+    }
+}
+
+impl Pins for Shared {
+    fn unpin(&self, piece: &Piece) {
+        self.unpin_piece(piece);
     }
 }
 
@@ -1209,6 +1439,66 @@ impl Store for MemStore {
             serial: self.shared.serial,
             label: "mem".to_owned(),
         }
+    }
+
+    /// The data region and the zero block (module docs, Zero-copy RDMA).
+    fn zero_copy(&self) -> Option<ZeroCopy> {
+        let pool = &self.shared.pool;
+        Some(ZeroCopy {
+            regions: vec![
+                (
+                    pool.data.as_ptr() as usize,
+                    pool.blocks as usize * BLOCK_SIZE as usize,
+                ),
+                (pool.zero.as_ptr() as usize, BLOCK_SIZE as usize),
+            ],
+            pins: Arc::clone(&self.shared) as Arc<dyn Pins>,
+        })
+    }
+
+    /// Holes are pieces of the zero block.
+    fn pin_read(
+        &mut self,
+        h: Handle,
+        offset: u64,
+        len: u32,
+        lkeys: &[u32],
+        out: &mut [Piece],
+    ) -> Option<usize> {
+        let node = self.opens.get(h).ok()?;
+        if node.is_dir || len == 0 {
+            return None;
+        }
+        self.shared.pin_range(node, offset, len, lkeys, out, true)
+    }
+
+    /// Only inside the end of file and over mapped blocks (module docs).
+    fn pin_write(
+        &mut self,
+        h: Handle,
+        offset: u64,
+        len: u32,
+        lkeys: &[u32],
+        out: &mut [Piece],
+    ) -> Option<usize> {
+        let node = self.opens.get(h).ok()?;
+        let end = offset.checked_add(u64::from(len))?;
+        if node.is_dir || len == 0 || end > node.size.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared.pin_range(node, offset, len, lkeys, out, false)
+    }
+
+    fn write_pinned(&mut self, h: Handle, offset: u64, len: u32) -> Result<u32, StoreError> {
+        let node = self.opens.get(h)?;
+        let end = offset
+            .checked_add(u64::from(len))
+            .ok_or(StoreError::Io(libc::EINVAL))?;
+        // Inside the end of file when pinned; a truncation since then is
+        // undone the way a copied write after it would be.
+        node.size.fetch_max(end, Ordering::AcqRel);
+        node.touch();
+        Ok(len)
     }
 }
 
@@ -1911,5 +2201,307 @@ mod tests {
         assert!(f.describe().starts_with("mem (2 MiB, "), "{}", f.describe());
         let s = f.handle(0);
         assert_eq!(s.usage(), (0, Some(2 * MIB)));
+    }
+
+    // ---- zero-copy RDMA: pins -------------------------------------------
+
+    const DATA_KEY: u32 = 0x11;
+    const ZERO_KEY: u32 = 0x22;
+
+    fn no_pieces() -> Vec<Piece> {
+        vec![
+            Piece {
+                sge: Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                },
+                pin: NO_PIN,
+            };
+            64
+        ]
+    }
+
+    /// What the provider would read from `pieces` (an RDMA Write's gather).
+    fn gather(pieces: &[Piece]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for p in pieces {
+            // SAFETY: the pieces are pinned store memory (or the zero
+            // block), mapped while the store lives.
+            let b =
+                unsafe { std::slice::from_raw_parts(p.sge.addr as *const u8, p.sge.len as usize) };
+            v.extend_from_slice(b);
+        }
+        v
+    }
+
+    fn unpin_all(s: &MemStore, pieces: &[Piece]) {
+        let pins = s.zero_copy().unwrap().pins;
+        for p in pieces.iter().filter(|p| p.pin != NO_PIN) {
+            pins.unpin(p);
+        }
+    }
+
+    #[test]
+    fn zero_copy_pieces_cover_data_holes_and_the_end_of_file() {
+        let mut s = store(4 * MIB);
+        let z = s.zero_copy().expect("the memory store offers zero-copy");
+        assert_eq!(z.regions.len(), 2);
+        assert_eq!(z.regions[0].1 as u64, 4 * MIB);
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        // Blocks 0 and 1 written (neighbours in the pool), block 2 a hole,
+        // block 3 written; the end of file inside block 3.
+        let a = (0..100_000u32)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect::<Vec<_>>();
+        write(&mut s, h, 1000, &a).unwrap();
+        let b = vec![7u8; 30_000];
+        write(&mut s, h, 3 * BLOCK_SIZE + 500, &b).unwrap();
+        let eof = 3 * BLOCK_SIZE + 500 + 30_000;
+        assert_eq!(size(&mut s, h), eof);
+        let mut out = no_pieces();
+        // A READ of more than the file: `read` clips it to the end of file.
+        let avail = ready(s.read(9, h, 10, 1 << 20)).unwrap();
+        assert_eq!(u64::from(avail), eof - 10);
+        let n = s
+            .pin_read(h, 10, avail, &[DATA_KEY, ZERO_KEY], &mut out)
+            .expect("pieces");
+        let pieces = &out[..n].to_vec();
+        assert_eq!(gather(pieces), read(&mut s, h, 10, avail));
+        // Holes come from the zero block, unpinned; data pieces are pinned.
+        assert!(pieces
+            .iter()
+            .any(|p| p.pin == NO_PIN && p.sge.lkey == ZERO_KEY));
+        assert!(pieces
+            .iter()
+            .all(|p| (p.pin == NO_PIN) == (p.sge.lkey == ZERO_KEY)));
+        assert_eq!(
+            pieces.iter().map(|p| u64::from(p.sge.len)).sum::<u64>(),
+            u64::from(avail)
+        );
+        // Blocks 0 and 1 were taken in order: one piece for both.
+        assert_eq!(pieces[0].sge.len as u64, 2 * BLOCK_SIZE - 10);
+        // Too few slots: nothing, and nothing left pinned (the file can be
+        // truncated and its blocks reused below).
+        assert_eq!(
+            s.pin_read(h, 0, avail, &[DATA_KEY, ZERO_KEY], &mut out[..1]),
+            None
+        );
+        unpin_all(&s, pieces);
+        ready(s.truncate(1, h, 0)).unwrap();
+        assert_eq!(s.usage().0, 0, "every block freed: no pin left behind");
+        s.close(h);
+    }
+
+    #[test]
+    fn a_pinned_block_is_not_reused_until_its_last_pin_goes() {
+        // Two blocks in all.
+        let mut s = store(2 * BLOCK_SIZE);
+        let (a, _) = open(&mut s, "a", Disposition::Create).unwrap();
+        write(&mut s, a, 0, &vec![b'A'; BLOCK_SIZE as usize]).unwrap();
+        let mut out = no_pieces();
+        let n = s
+            .pin_read(a, 0, BLOCK_SIZE as u32, &[DATA_KEY, ZERO_KEY], &mut out)
+            .unwrap();
+        let pieces = out[..n].to_vec();
+        // A second transfer pins the same block again.
+        let n2 = s
+            .pin_read(a, 0, 100, &[DATA_KEY, ZERO_KEY], &mut out)
+            .unwrap();
+        let second = out[..n2].to_vec();
+        // The file goes (its last close, delete pending) while both
+        // transfers are in flight: the block is freed, but held back.
+        s.set_delete_on_close(a, true).unwrap();
+        s.close(a);
+        assert_eq!(
+            open(&mut s, "a", Disposition::Open),
+            Err(StoreError::NotFound)
+        );
+        assert_eq!(s.usage().0, BLOCK_SIZE, "a pinned freed block stays in use");
+        let (b, _) = open(&mut s, "b", Disposition::Create).unwrap();
+        assert_eq!(
+            write(&mut s, b, 0, &vec![b'B'; 2 * BLOCK_SIZE as usize]),
+            Err(StoreError::Full),
+            "only the free block is available"
+        );
+        write(&mut s, b, 0, &vec![b'B'; BLOCK_SIZE as usize]).unwrap();
+        assert!(
+            gather(&pieces).iter().all(|&x| x == b'A'),
+            "never B's bytes"
+        );
+        unpin_all(&s, &pieces);
+        assert_eq!(s.usage().0, 2 * BLOCK_SIZE, "one pin is left");
+        assert_eq!(
+            write(&mut s, b, BLOCK_SIZE, &[b'B'; 10]),
+            Err(StoreError::Full)
+        );
+        unpin_all(&s, &second);
+        // The last pin freed it: now B can have it.
+        assert_eq!(s.usage().0, BLOCK_SIZE);
+        write(&mut s, b, BLOCK_SIZE, &[b'B'; 10]).unwrap();
+        s.close(b);
+    }
+
+    #[test]
+    fn pinned_writes_go_in_place_only_over_mapped_blocks_inside_the_end_of_file() {
+        let mut s = store(MIB);
+        let (h, _) = open(&mut s, "w", Disposition::Create).unwrap();
+        write(&mut s, h, 0, &[1u8; 10_000]).unwrap();
+        write(&mut s, h, 2 * BLOCK_SIZE, &[2u8; 100]).unwrap();
+        let keys = [DATA_KEY, ZERO_KEY];
+        let mut out = no_pieces();
+        // Past the end of file, or over the hole of block 1: staged.
+        assert_eq!(
+            s.pin_write(h, 2 * BLOCK_SIZE + 50, 100, &keys, &mut out),
+            None
+        );
+        assert_eq!(s.pin_write(h, 9_000, 60_000, &keys, &mut out), None);
+        assert_eq!(s.pin_write(h, BLOCK_SIZE, 10, &keys, &mut out), None);
+        // Inside the first block: in place.
+        let n = s.pin_write(h, 100, 5_000, &keys, &mut out).unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(out[0].sge.lkey, DATA_KEY);
+        // What an RDMA Read does: fill the piece.
+        // SAFETY: a pinned piece of the store's memory, 5,000 bytes.
+        unsafe { ptr::write_bytes(out[0].sge.addr as *mut u8, 9, 5_000) };
+        assert_eq!(s.write_pinned(h, 100, 5_000), Ok(5_000));
+        unpin_all(&s, &out[..n]);
+        let back = read(&mut s, h, 0, 10_000);
+        assert!(back[..100].iter().all(|&x| x == 1));
+        assert!(back[100..5_100].iter().all(|&x| x == 9));
+        assert!(back[5_100..].iter().all(|&x| x == 1));
+        assert_eq!(size(&mut s, h), 2 * BLOCK_SIZE + 100);
+        s.close(h);
+    }
+
+    /// Readers pin a file's blocks, *close the file* and only then read the
+    /// pinned bytes (a CLOSE, truncation or delete processed while the RDMA
+    /// Write of an earlier READ is still in flight), while other threads
+    /// overwrite, truncate and delete that file and fill another file with
+    /// a byte the first one never holds. The pinned bytes must never be
+    /// the other file's.
+    #[test]
+    fn truncate_and_delete_during_pinned_reads_never_expose_another_files_bytes() {
+        use std::sync::atomic::AtomicBool;
+        const OTHER: u8 = 0xEE;
+        let f = MemStoreFactory::new(64 * BLOCK_SIZE).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+        let mut threads = Vec::new();
+        // The mutator: rewrites "x" (bytes 1..=200) whole, truncates it,
+        // deletes it.
+        {
+            let mut s = f.store();
+            let stop = Arc::clone(&stop);
+            threads.push(std::thread::spawn(move || {
+                let mut gen = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    gen += 1;
+                    let tag = (gen % 200) as u8 + 1;
+                    let Ok((h, _)) = open(&mut s, "x", Disposition::OverwriteIf) else {
+                        continue;
+                    };
+                    let _ = write(&mut s, h, 0, &vec![tag; 4 * BLOCK_SIZE as usize]);
+                    match gen % 3 {
+                        0 => {
+                            let _ = ready(s.truncate(1, h, BLOCK_SIZE / 2));
+                        }
+                        1 => {
+                            let _ = s.set_delete_on_close(h, true);
+                        }
+                        _ => {}
+                    }
+                    s.close(h);
+                }
+                gen
+            }));
+        }
+        // The other file: takes whatever blocks are free and fills them
+        // with OTHER, then gives them back.
+        {
+            let mut s = f.store();
+            let stop = Arc::clone(&stop);
+            threads.push(std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    rounds += 1;
+                    let (h, _) = open(&mut s, "y", Disposition::OverwriteIf).unwrap();
+                    for b in 0..16 {
+                        if write(&mut s, h, b * BLOCK_SIZE, &[OTHER; BLOCK_SIZE as usize]).is_err()
+                        {
+                            break;
+                        }
+                    }
+                    s.set_delete_on_close(h, true).unwrap();
+                    s.close(h);
+                }
+                rounds
+            }));
+        }
+        let mut readers = Vec::new();
+        for r in 0..2u64 {
+            let mut s = f.store();
+            let stop = Arc::clone(&stop);
+            readers.push(std::thread::spawn(move || {
+                let mut out = no_pieces();
+                let (mut checked, mut bytes) = (0u64, 0u64);
+                let mut x = r + 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((h, _)) = open(&mut s, "x", Disposition::Open) else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    let len = ready(s.read(1, h, 0, 4 * BLOCK_SIZE as u32)).unwrap_or(0);
+                    let pinned = if len > 0 {
+                        s.pin_read(h, 0, len, &[DATA_KEY, ZERO_KEY], &mut out)
+                    } else {
+                        None
+                    };
+                    s.close(h);
+                    let Some(n) = pinned else { continue };
+                    // The transfer is still "in flight" for a while.
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    for _ in 0..(x % 64) {
+                        std::thread::yield_now();
+                    }
+                    let got = gather(&out[..n]);
+                    assert!(
+                        !got.contains(&OTHER),
+                        "a pinned read of x saw the other file's bytes"
+                    );
+                    unpin_all(&s, &out[..n]);
+                    checked += 1;
+                    bytes += got.len() as u64;
+                }
+                (checked, bytes)
+            }));
+        }
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut total = 0;
+        for t in readers {
+            let (checked, bytes) = t.join().expect("reader");
+            total += checked;
+            assert!(checked == 0 || bytes > 0);
+        }
+        let gens = threads
+            .into_iter()
+            .map(|t| t.join().expect("writer"))
+            .sum::<u64>();
+        assert!(
+            total > 0 && gens > 0,
+            "the race ran ({total} reads, {gens} rounds)"
+        );
+        // Every pin went: only what is still mapped is in use.
+        let mut s = f.store();
+        if let Ok((h, _)) = open(&mut s, "x", Disposition::Open) {
+            ready(s.truncate(1, h, 0)).unwrap();
+            s.close(h);
+        }
+        assert_eq!(s.usage().0, 0, "no block leaked by a pin");
     }
 }

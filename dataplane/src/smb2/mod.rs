@@ -41,9 +41,12 @@ mod fs;
 pub mod memstore;
 pub mod store;
 
+use crate::idhash::{id_map, IdMap};
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
+use crate::provider::MemoryRegion;
 use crate::ratelog::{suppressed_note, RateLimited};
 use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo, UpperLayer};
+use crate::zerocopy::{Piece, Pins};
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::auth;
 use smbdirect_protocol::smb2::*;
@@ -51,6 +54,7 @@ use smbdirect_protocol::sqos::enforcement::{FlowSlot, Lane, Scheduler, Scheduler
 use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
 use smbdirect_protocol::time::Instant as PInstant;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use store::{Disposition, Handle, OpenRequest, Poll, Store};
 
 /// Credits a connection may hold outstanding.
@@ -268,7 +272,7 @@ struct Conn {
     preauth: Option<auth::preauth::PreauthHash>,
     /// Trees connected: bit 0 the share, bit 1 IPC$.
     trees: u8,
-    opens: HashMap<u64, Open>,
+    opens: IdMap<u64, Open>,
     outstanding: u32,
     seq: SeqWindow,
     dead: bool,
@@ -291,7 +295,7 @@ impl Conn {
             neg: None,
             preauth: None,
             trees: 0,
-            opens: HashMap::new(),
+            opens: id_map(0),
             outstanding: 1,
             seq: SeqWindow::new(),
             dead: false,
@@ -478,9 +482,9 @@ struct Core {
     now: PInstant,
     qos: WorkerQos,
     /// Held messages by token.
-    execs: HashMap<u64, Exec>,
+    execs: IdMap<u64, Exec>,
     /// Store writes finishing after an RDMA Read, by tag.
-    posts: HashMap<u64, PostWrite>,
+    posts: IdMap<u64, PostWrite>,
     wakes: VecDeque<(ConnId, u64)>,
     events: VecDeque<UpperEvent>,
     /// Inline READ data from the store.
@@ -497,7 +501,23 @@ struct Core {
     /// refused with STATUS_DISK_FULL.
     pool_stalls: u64,
     store_full: u64,
+    /// Zero-copy RDMA to and from the store, when it offers it and its
+    /// memory is registered ([`UpperLayer::set_zero_copy_regions`]).
+    zc: Option<ZeroCopyState>,
 }
+
+/// What zero-copy READ and WRITE need: the lkeys of the store's regions,
+/// its pin releaser and a scatter list to fill (allocated once).
+struct ZeroCopyState {
+    lkeys: Vec<u32>,
+    pins: Arc<dyn Pins>,
+    pieces: Vec<Piece>,
+}
+
+/// Pieces one zero-copy transfer may have (more: staged instead). One per
+/// memory-store block, fewer where neighbouring blocks merge: 8 MiB of
+/// 64 KiB blocks, plus one for an unaligned start.
+const ZC_MAX_PIECES: usize = 129;
 
 /// Kinds of peer misbehaviour logged at most once a second each.
 #[derive(Debug, Clone, Copy)]
@@ -520,7 +540,7 @@ impl core::fmt::Debug for Core {
 #[derive(Debug)]
 pub struct Smb2Server {
     core: Core,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<ConnId, Conn>,
     scratch: Vec<u8>,
 }
 
@@ -557,8 +577,8 @@ impl Smb2Server {
                 server_guid: Guid::from_bytes(g),
                 salt_seed: seed | 1,
                 now: PInstant::ZERO,
-                execs: HashMap::with_capacity(1024),
-                posts: HashMap::with_capacity(256),
+                execs: id_map(1024),
+                posts: id_map(256),
                 wakes: VecDeque::with_capacity(1024),
                 events: VecDeque::with_capacity(256),
                 rbuf: vec![0u8; MAX_INLINE as usize],
@@ -569,8 +589,9 @@ impl Smb2Server {
                 warn_log: [RateLimited::new(std::time::Duration::from_secs(1)); 3],
                 pool_stalls: 0,
                 store_full: 0,
+                zc: None,
             },
-            conns: HashMap::new(),
+            conns: id_map(0),
             scratch: vec![0u8; SCRATCH_LEN],
         }
     }
@@ -969,6 +990,32 @@ impl Core {
 
     fn stage(&mut self, p: &Plan<'_>, out: &mut Replies<'_>) -> Result<(), RdmaError> {
         let tag = le64(&p.ctx, 40);
+        if let Some(zc) = self.zc.as_mut() {
+            // Zero-copy: the data moves between the client and the store's
+            // blocks directly (pinned until the transfer ends).
+            let pinned = match p.kind {
+                RdmaKind::Write => {
+                    self.store
+                        .pin_read(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
+                }
+                RdmaKind::Read => {
+                    self.store
+                        .pin_write(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
+                }
+            };
+            if let Some(n) = pinned {
+                let pieces = &zc.pieces[..n];
+                return match p.kind {
+                    RdmaKind::Write => {
+                        out.rdma_write_pieces(p.descs, 0, p.len, &p.ctx, pieces, &zc.pins)
+                    }
+                    RdmaKind::Read => {
+                        out.rdma_read_pieces(p.descs, 0, p.len, &p.ctx, pieces, &zc.pins)
+                    }
+                }
+                .map(|_| ());
+            }
+        }
         match p.kind {
             RdmaKind::Write => {
                 let store = &mut self.store;
@@ -2100,7 +2147,7 @@ impl Core {
         conn: ConnId,
         handle: Handle,
         offset: u64,
-        data: &[u8],
+        done: &RdmaDone<'_>,
         ctx: &[u8],
         conn_ref: Option<&Conn>,
         out: &mut Replies<'_>,
@@ -2109,7 +2156,13 @@ impl Core {
         let Ok(h) = HeaderRepr::from_bytes(ctx.get(CTX_HEADER..).unwrap_or(&[])) else {
             return Ok(());
         };
-        let r = match self.store.write(tag, handle, offset, data) {
+        let written = if done.zero_copy {
+            // The RDMA Read placed the data in the file's blocks.
+            Poll::Ready(self.store.write_pinned(handle, offset, done.len))
+        } else {
+            self.store.write(tag, handle, offset, done.data)
+        };
+        let r = match written {
             Poll::Pending => {
                 let mut c = [0u8; CTX_LEN];
                 c.copy_from_slice(&ctx[..CTX_LEN]);
@@ -2316,8 +2369,15 @@ impl UpperLayer for Smb2Server {
                 return Ok(());
             };
             match (done.kind, handle) {
-                (RdmaKind::Write, _) => ex.rdma = Some(Ok(done.data.len() as u32)),
+                (RdmaKind::Write, _) => ex.rdma = Some(Ok(done.len)),
                 (RdmaKind::Read, None) => ex.rdma = Some(Err(STATUS_FILE_CLOSED)),
+                (RdmaKind::Read, Some(h)) if done.zero_copy => {
+                    ex.rdma = Some(
+                        core.store
+                            .write_pinned(h, offset, done.len)
+                            .map_err(|e| e.status()),
+                    )
+                }
                 (RdmaKind::Read, Some(h)) => match core.store.write(tag, h, offset, done.data) {
                     Poll::Pending => {
                         ex.rdma_store = true;
@@ -2342,7 +2402,7 @@ impl UpperLayer for Smb2Server {
             }
             // RDMA Read finished: a WRITE's data is here.
             RdmaKind::Read => match handle {
-                Some(hd) => core.finish_write(conn, hd, offset, done.data, ctx, conn_ref, out),
+                Some(hd) => core.finish_write(conn, hd, offset, done, ctx, conn_ref, out),
                 None => {
                     let mut buf = [0u8; HEADER_LEN + 64];
                     let n = error_message(&h, STATUS_FILE_CLOSED, &mut buf);
@@ -2471,6 +2531,36 @@ impl UpperLayer for Smb2Server {
             );
         }
         any
+    }
+
+    fn zero_copy_regions(&self) -> Vec<(usize, usize)> {
+        self.core
+            .store
+            .zero_copy()
+            .map(|z| z.regions)
+            .unwrap_or_default()
+    }
+
+    fn set_zero_copy_regions(&mut self, mrs: &[MemoryRegion]) {
+        if let Some(z) = self.core.store.zero_copy() {
+            if z.regions.len() == mrs.len() {
+                self.core.zc = Some(ZeroCopyState {
+                    lkeys: mrs.iter().map(|m| m.lkey).collect(),
+                    pins: z.pins,
+                    pieces: vec![
+                        Piece {
+                            sge: crate::provider::Sge {
+                                addr: 0,
+                                len: 0,
+                                lkey: 0,
+                            },
+                            pin: crate::zerocopy::NO_PIN,
+                        };
+                        ZC_MAX_PIECES
+                    ],
+                });
+            }
+        }
     }
 
     fn on_control(&mut self, msg: UpperControl) {

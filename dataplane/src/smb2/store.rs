@@ -44,6 +44,25 @@
 /// request into it).
 pub type Tag = u64;
 
+/// What a store offers for zero-copy RDMA ([`crate::zerocopy`]): the memory
+/// its data lives in, to register with the provider, and how pins taken by
+/// [`Store::pin_read`] / [`Store::pin_write`] are released.
+pub struct ZeroCopy {
+    /// `(address, length)` of each region; [`Store::pin_read`] and
+    /// [`Store::pin_write`] take their lkeys in this order.
+    pub regions: Vec<(usize, usize)>,
+    /// Releases the pins of the pieces they return.
+    pub pins: std::sync::Arc<dyn crate::zerocopy::Pins>,
+}
+
+impl std::fmt::Debug for ZeroCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZeroCopy")
+            .field("regions", &self.regions)
+            .finish()
+    }
+}
+
 /// Default bound of the memory store (`--store-size`).
 pub const DEFAULT_STORE_BYTES: u64 = 1 << 30;
 
@@ -339,6 +358,54 @@ pub trait Store: Send + 'static {
     ) -> Poll<()>;
     /// The volume (QUERY_INFO of the FileSystem class). Completes at once.
     fn fs_info(&self) -> FsInfo;
+
+    /// Zero-copy RDMA ([`crate::zerocopy`]): the store's memory, if its
+    /// data can be moved by RDMA in place. None (the default): READ and
+    /// WRITE data is staged through pool buffers with [`Store::copy_out`]
+    /// and [`Store::write`].
+    fn zero_copy(&self) -> Option<ZeroCopy> {
+        None
+    }
+
+    /// Zero-copy READ: after a Ready [`Store::read`] (instead of
+    /// [`Store::copy_out`]), fills `out` with pinned pieces covering the
+    /// `len` bytes at `offset` in order (`lkeys`: the registrations of
+    /// [`ZeroCopy::regions`]); holes are pieces of a shared zero region.
+    /// Returns how many, or None when they do not fit `out` or the store
+    /// cannot (then nothing is pinned and the caller copies).
+    fn pin_read(
+        &mut self,
+        _h: Handle,
+        _offset: u64,
+        _len: u32,
+        _lkeys: &[u32],
+        _out: &mut [crate::zerocopy::Piece],
+    ) -> Option<usize> {
+        None
+    }
+
+    /// Zero-copy WRITE: pinned pieces of the file's memory the `len` bytes
+    /// at `offset` go to, for an RDMA Read to fill in place; complete the
+    /// write with [`Store::write_pinned`] once the data is there. None when
+    /// the store cannot write this range in place (then nothing is pinned
+    /// and the caller stages the data and calls [`Store::write`]).
+    fn pin_write(
+        &mut self,
+        _h: Handle,
+        _offset: u64,
+        _len: u32,
+        _lkeys: &[u32],
+        _out: &mut [crate::zerocopy::Piece],
+    ) -> Option<usize> {
+        None
+    }
+
+    /// Completes a WRITE whose data an RDMA Read placed in the pieces
+    /// [`Store::pin_write`] returned (end of file, times); returns the
+    /// bytes written.
+    fn write_pinned(&mut self, _h: Handle, _offset: u64, _len: u32) -> Result<u32, StoreError> {
+        Err(StoreError::Io(libc::EINVAL))
+    }
 }
 
 /// Makes one [`Store`] handle per worker.
