@@ -129,6 +129,9 @@ const WRITE_REQUEST_DATA_OFFSET: u32 = 112;
 const DESCRIPTOR_LEN: usize = 16;
 /// Descriptors whose array still fits the 16-bit ChannelInfoLength.
 pub const MAX_DESCRIPTORS: usize = u16::MAX as usize / DESCRIPTOR_LEN;
+/// Descriptors per I/O buffer the client keeps room for without allocating
+/// (more grow that buffer's list once).
+const GRANTS_PER_BUFFER: usize = 16;
 /// [MS-SMB2] 3.2.5.2: a client SHOULD disconnect when MaxTransactSize,
 /// MaxReadSize or MaxWriteSize is below this.
 pub const MIN_SERVER_IO_SIZE: u32 = 65_536;
@@ -1345,7 +1348,10 @@ impl<P: Provider> Smb2Client<P> {
             live: true,
             busy: false,
             poisoned: false,
-            grants: Vec::new(),
+            // Room for the descriptors of a typical request, so the first
+            // RDMA request of a new buffer does not allocate in steady
+            // state (a buffer's first multi-descriptor use used to grow it).
+            grants: Vec::with_capacity(GRANTS_PER_BUFFER),
         };
         if let Some(i) = self.st.free_slots.pop() {
             let s = &mut self.st.bufs[i as usize];
