@@ -339,6 +339,25 @@ impl<'a, E> RingRef<'a, E> {
         n
     }
 
+    /// Consumer: whether the slot at `head` is published (a hint for an
+    /// empty poll to return early; [`Self::pop_stamped`] is what orders).
+    #[inline]
+    pub(crate) fn peek_stamped(&self) -> bool
+    where
+        E: Stamped,
+    {
+        let head = self.index.head.load(Ordering::Relaxed);
+        self.slot(head).stamp().load(Ordering::Relaxed) == head.wrapping_add(1)
+    }
+
+    /// Whether `tail` moved past `head` (a hint, as [`Self::peek_stamped`],
+    /// for a ring whose producer and consumer share a thread or that is
+    /// read by index).
+    #[inline]
+    pub(crate) fn peek_index(&self) -> bool {
+        self.index.tail.load(Ordering::Relaxed) != self.index.head.load(Ordering::Relaxed)
+    }
+
     /// Producer: pushes one entry if there is room.
     #[inline]
     pub(crate) fn try_push(&self, fill: impl FnOnce(&E)) -> bool
