@@ -146,6 +146,8 @@ pub struct Client<P: Provider> {
     alloc: SliceAllocator,
     mr: MemoryRegion,
     clock: PollClock,
+    /// The last flush found no send buffer: flush again on the next step.
+    retry_flush: bool,
     wcs: [Completion; 16],
     /// Messages that arrived in the same batch as the one `recv_with`
     /// returned (kept, in order, for the next call).
@@ -199,6 +201,7 @@ impl<P: Provider> Client<P> {
             alloc,
             mr,
             clock: PollClock::new(),
+            retry_flush: false,
             wcs: [Completion::EMPTY; 16],
         };
         if !c.ep.post_negotiate_receive(&mut c.alloc) {
@@ -243,6 +246,7 @@ impl<P: Provider> Client<P> {
             &mut self.alloc,
             &mut self.wcs,
             &mut self.clock,
+            &mut self.retry_flush,
             on_msg,
         )
     }
@@ -253,6 +257,7 @@ impl<P: Provider> Client<P> {
         alloc: &mut SliceAllocator,
         wcs: &mut [Completion; 16],
         clock: &mut PollClock,
+        retry_flush: &mut bool,
         on_msg: &mut dyn FnMut(&[u8], Option<u32>),
     ) -> Result<bool, ClientError> {
         let now = clock.tick();
@@ -276,10 +281,18 @@ impl<P: Provider> Client<P> {
         if let Some(e) = first_err {
             return Err(e.into());
         }
+        let mut flush = n > 0 || *retry_flush;
         if ep.connection().poll_timeout().is_some_and(|t| t <= now) {
             ep.on_timer(now)?;
+            flush = true;
         }
-        ep.flush(now, alloc)?;
+        // Transmits come from completions (grants, keepalive answers, send
+        // queue room, returned buffers), timers, and sends (which flush
+        // themselves): an idle step has nothing to flush, unless the last
+        // flush found no send buffer.
+        if flush {
+            *retry_flush = !ep.flush(now, alloc)?;
+        }
         Ok(n > 0)
     }
 
@@ -305,7 +318,7 @@ impl<P: Provider> Client<P> {
         // The time of the last step: flush needs it only to stamp a
         // keepalive request, which a step would have sent already.
         let now = self.clock.now;
-        self.ep.flush(now, &mut self.alloc)?;
+        self.retry_flush = !self.ep.flush(now, &mut self.alloc)?;
         Ok(())
     }
 
@@ -343,6 +356,7 @@ impl<P: Provider> Client<P> {
                 &mut self.alloc,
                 &mut self.wcs,
                 &mut self.clock,
+                &mut self.retry_flush,
                 &mut on_msg,
             )?;
             if out.is_none() && Instant::now() > deadline {
