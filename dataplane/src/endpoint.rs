@@ -1491,6 +1491,10 @@ impl<Q: QueuePair> Endpoint<Q> {
         self.post_rdma()?;
         let mut hdr = [0u8; MAX_HEADER_LEN];
         loop {
+            if !self.conn.transmit_pending() {
+                // Nothing to say: no send buffer to reserve and give back.
+                return Ok(true);
+            }
             if self.sq_used() >= self.send_depth {
                 return Ok(true); // completions will call us again
             }

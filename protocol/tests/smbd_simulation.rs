@@ -319,9 +319,27 @@ impl Sim {
     fn transmit(&mut self, i: usize) -> bool {
         let now = self.now;
         let side = &mut self.sides[i];
+        // `transmit_pending` (the data plane's cheap pre-check) never hides
+        // a transmit, and when it says nothing is pending, poll_transmit
+        // changes nothing either (no receive posted, no stall counted).
+        let pending = side.conn.transmit_pending();
+        let before = (*side.conn.credits(), *side.conn.stats());
         let t = side
             .conn
             .poll_transmit(now, &mut side.bufs, &mut self.header);
+        if !pending {
+            assert!(
+                t.is_none(),
+                "{}: transmit_pending() was false but poll_transmit sent {t:?}",
+                NAMES[i]
+            );
+            assert_eq!(
+                (*side.conn.credits(), *side.conn.stats()),
+                before,
+                "{}: poll_transmit changed state although transmit_pending() was false",
+                NAMES[i]
+            );
+        }
         side.check_receive_accounting(NAMES[i]);
         let Some(t) = t else { return false };
         let mut bytes = self.header[..t.header_len].to_vec();

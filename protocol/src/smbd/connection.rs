@@ -640,6 +640,23 @@ impl Connection {
         c.peer_credits == 0 || (self.grant_wanted && c.peer_credits <= c.low_watermark())
     }
 
+    /// Whether [`Self::poll_transmit`] can return a message now (or the
+    /// connection ended, which the caller learns from it). False means it
+    /// would return `None` and change nothing, so a caller may skip
+    /// preparing a send buffer: the check every idle poll of a busy loop
+    /// makes.
+    #[inline]
+    pub fn transmit_pending(&self) -> bool {
+        if self.control.is_some() || self.terminated.is_some() {
+            return true;
+        }
+        self.role == Role::Established
+            && (!self.send_queue.is_empty()
+                || self.keepalive == KeepaliveState::Pending
+                || self.send_immediate
+                || self.grant_needed())
+    }
+
     /// [MS-SMBD] 3.1.5.1–3.1.5.4: the next message to post, if any. Writes
     /// the message header (or the whole negotiate message) into `header`,
     /// which must hold [`MAX_HEADER_LEN`] bytes. Call repeatedly until it

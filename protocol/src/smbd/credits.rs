@@ -98,12 +98,34 @@ impl Credits {
         self.receive_target() / 2
     }
 
+    /// The smallest receive deficit [`Self::top_up`] reposts while the
+    /// peer is not short of credits: an eighth of the target, between 1
+    /// (small targets repost every receive, as the spec's example does) and
+    /// 16.
+    pub fn repost_batch(&self) -> u16 {
+        (self.receive_target() / 8).clamp(1, 16)
+    }
+
     /// [MS-SMBD] 3.1.5.9: post receives to bring the posted count up to the
     /// target. `need_one` forces at least one new receive (ReceiveCredits is
     /// zero, or our last send credit is about to be spent and nothing is
     /// left to grant). Returns the number newly posted.
+    ///
+    /// Receives are reposted in batches of [`Self::repost_batch`]: while
+    /// the peer holds more than [`Self::low_watermark`] credits, none is
+    /// forced and some are posted, a smaller deficit waits (3.1.5.9 leaves
+    /// how many are posted, "at least one and less than or equal to" the
+    /// target, to the implementation). One post of many receives instead of
+    /// one per message, and one grant announcing them.
     pub fn top_up<P: ReceivePoster + ?Sized>(&mut self, poster: &mut P, need_one: bool) -> u16 {
         let mut want = self.receive_target().saturating_sub(self.recv_posted);
+        if !need_one
+            && self.recv_posted > 0
+            && want < self.repost_batch()
+            && self.peer_credits > self.low_watermark()
+        {
+            return 0;
+        }
         if want == 0 && (need_one || self.recv_posted == 0) {
             want = 1;
         }
@@ -161,6 +183,50 @@ mod tests {
         assert_eq!((c.recv_posted, c.peer_credits), (9, 9));
         assert_eq!(c.top_up(&mut p, false), 1);
         assert_eq!(c.take_grant(), 1);
+    }
+
+    #[test]
+    fn receives_are_reposted_in_batches_while_the_peer_has_credits() {
+        let mut c = Credits {
+            receive_credit_max: 255,
+            receive_credit_target: 255,
+            ..Default::default()
+        };
+        let mut p = CountingPoster::default();
+        assert_eq!(c.top_up(&mut p, false), 255);
+        assert_eq!(c.take_grant(), 255);
+        assert_eq!(c.repost_batch(), 16);
+        // 15 messages consumed: nothing reposted yet, nothing to grant.
+        for _ in 0..15 {
+            assert!(c.on_receive());
+            assert_eq!(c.top_up(&mut p, false), 0);
+        }
+        assert_eq!(c.take_grant(), 0);
+        // The 16th: all 16 at once.
+        assert!(c.on_receive());
+        assert_eq!(c.top_up(&mut p, false), 16);
+        assert_eq!(c.take_grant(), 16);
+        // A forced top-up (last send credit) never waits for a batch.
+        assert!(c.on_receive());
+        assert_eq!(c.top_up(&mut p, true), 1);
+        // Nor does one for a peer at or below its low watermark.
+        assert_eq!(c.take_grant(), 1);
+        while c.peer_credits > c.low_watermark() {
+            assert!(c.on_receive());
+        }
+        let before = c.recv_posted;
+        assert_eq!(c.top_up(&mut p, false), 255 - before);
+        assert_eq!(c.recv_posted, 255);
+        // Small targets repost every receive.
+        let mut s = Credits {
+            receive_credit_max: 255,
+            receive_credit_target: 4,
+            ..Default::default()
+        };
+        assert_eq!(s.top_up(&mut p, false), 4);
+        s.take_grant();
+        assert!(s.on_receive());
+        assert_eq!(s.top_up(&mut p, false), 1);
     }
 
     #[test]

@@ -28,6 +28,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -39,7 +40,10 @@ use super::shm::{align64, Padded, Segment, ShmSafe};
 use super::ProviderInner;
 use crate::provider::{QpCaps, QpId, QpState};
 
-const CONN_MAGIC: u64 = u64::from_le_bytes(*b"SMBDCONN");
+/// Names the segment layout: changed with it (v2: stamped ring slots, one
+/// cache line per completion), so ends built from different layouts refuse
+/// each other instead of misreading the rings.
+const CONN_MAGIC: u64 = u64::from_le_bytes(*b"SMBDCON2");
 
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -133,18 +137,61 @@ impl ConnLayout {
     }
 }
 
-/// A mapped connection segment.
+/// Where one side's structures are in this mapping (see [`ConnSegment`]).
+#[derive(Debug, Clone, Copy)]
+struct SidePtrs {
+    rq_index: NonNull<RingIndex>,
+    rq_slots: NonNull<RecvSlot>,
+    cq_index: NonNull<RingIndex>,
+    cq_slots: NonNull<CqSlot>,
+    counters: NonNull<SideCounters>,
+    cap: usize,
+}
+
+/// A mapped connection segment. The addresses of its structures are
+/// computed and checked against the mapping once, when it is mapped: the
+/// rings are reached on every post and poll, and rebuilding each view
+/// through [`Segment::slice`]'s checks cost more than an empty poll.
 #[derive(Debug)]
 pub(crate) struct ConnSegment {
     seg: Segment,
-    layout: ConnLayout,
+    header: NonNull<ConnHeader>,
+    sides: [SidePtrs; 2],
 }
 
+// SAFETY: the pointers point into `seg`'s mapping, which `seg` owns and
+// keeps mapped for as long as the ConnSegment lives; everything there is
+// atomics (ShmSafe), shared between threads and processes by design.
+unsafe impl Send for ConnSegment {}
+// SAFETY: as above: only shared references to atomics are handed out.
+unsafe impl Sync for ConnSegment {}
+
 impl ConnSegment {
+    fn new(seg: Segment, layout: ConnLayout) -> Self {
+        // `Segment::at` / `slice` check bounds and alignment (and panic on a
+        // layout this module got wrong; offsets never come from the peer).
+        let side = |s: usize| SidePtrs {
+            rq_index: NonNull::from(seg.at::<RingIndex>(layout.rq_index[s])),
+            rq_slots: NonNull::from(seg.slice::<RecvSlot>(layout.rq_slots[s], layout.rq_cap[s]))
+                .cast(),
+            cq_index: NonNull::from(seg.at::<RingIndex>(layout.cq_index[s])),
+            cq_slots: NonNull::from(seg.slice::<CqSlot>(layout.cq_slots[s], layout.rq_cap[s]))
+                .cast(),
+            counters: NonNull::from(seg.at::<SideCounters>(layout.counters[s])),
+            cap: layout.rq_cap[s],
+        };
+        let sides = [side(0), side(1)];
+        ConnSegment {
+            header: NonNull::from(seg.at::<ConnHeader>(0)),
+            sides,
+            seg,
+        }
+    }
+
     /// Creates one (the accepting end does).
     pub(crate) fn create(layout: ConnLayout) -> io::Result<Self> {
         let seg = Segment::create(c"smbdirectd-soft-conn", layout.len)?;
-        let c = ConnSegment { seg, layout };
+        let c = ConnSegment::new(seg, layout);
         c.header().magic.store(CONN_MAGIC, Ordering::Relaxed);
         Ok(c)
     }
@@ -152,7 +199,7 @@ impl ConnSegment {
     /// Maps the one the accepting end created.
     pub(crate) fn open(fd: OwnedFd, layout: ConnLayout) -> io::Result<Self> {
         let seg = Segment::open(fd, layout.len)?;
-        let c = ConnSegment { seg, layout };
+        let c = ConnSegment::new(seg, layout);
         if c.header().magic.load(Ordering::Relaxed) != CONN_MAGIC {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -169,35 +216,42 @@ impl ConnSegment {
 
     #[inline]
     fn header(&self) -> &ConnHeader {
-        self.seg.at(0)
+        // SAFETY: checked in `new`; the mapping lives as long as `self`.
+        unsafe { self.header.as_ref() }
     }
 
     /// Side `s`'s receive queue.
     #[inline]
     pub(crate) fn rq(&self, s: usize) -> RingRef<'_, RecvSlot> {
-        RingRef {
-            index: self.seg.at(self.layout.rq_index[s]),
-            slots: self
-                .seg
-                .slice(self.layout.rq_slots[s], self.layout.rq_cap[s]),
+        let p = &self.sides[s];
+        // SAFETY: checked in `new` (in bounds, aligned, `cap` slots); the
+        // mapping lives as long as `self`.
+        unsafe {
+            RingRef {
+                index: p.rq_index.as_ref(),
+                slots: std::slice::from_raw_parts(p.rq_slots.as_ptr(), p.cap),
+            }
         }
     }
 
     /// Side `s`'s inbound completion ring.
     #[inline]
     pub(crate) fn cq(&self, s: usize) -> RingRef<'_, CqSlot> {
-        RingRef {
-            index: self.seg.at(self.layout.cq_index[s]),
-            slots: self
-                .seg
-                .slice(self.layout.cq_slots[s], self.layout.rq_cap[s]),
+        let p = &self.sides[s];
+        // SAFETY: as in `rq`.
+        unsafe {
+            RingRef {
+                index: p.cq_index.as_ref(),
+                slots: std::slice::from_raw_parts(p.cq_slots.as_ptr(), p.cap),
+            }
         }
     }
 
     /// Side `s`'s counters.
     #[inline]
     pub(crate) fn counters(&self, s: usize) -> &SideCounters {
-        self.seg.at(self.layout.counters[s])
+        // SAFETY: as in `rq`.
+        unsafe { self.sides[s].counters.as_ref() }
     }
 
     /// Side `s`'s gate.

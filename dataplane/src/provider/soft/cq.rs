@@ -182,15 +182,22 @@ impl CompletionQueue for SoftCq {
         if len == 0 || out.is_empty() {
             return 0;
         }
-        let start = self.next % len;
+        // Round robin without divisions (a poll with nothing to deliver
+        // should cost a handful of loads).
+        let start = if self.next >= len { 0 } else { self.next };
         self.next = start + 1;
         let mut n = 0;
         let mut finished = false;
-        for k in 0..len {
+        let mut i = start;
+        for _ in 0..len {
             if n == out.len() {
                 break;
             }
-            let a = &mut self.attached[(start + k) % len];
+            let a = &mut self.attached[i];
+            i += 1;
+            if i == len {
+                i = 0;
+            }
             n += poll_one(a, &mut out[n..]);
             finished |= a.drained && a.ep.dropped.load(Ordering::Acquire) && idle(&a.ep);
         }
@@ -210,7 +217,19 @@ fn idle(ep: &Endpoint) -> bool {
         && ep.seg.rq(ep.me).available().is_ok_and(|n| n == 0)
 }
 
+#[inline]
 fn poll_one(a: &mut Attached, out: &mut [Completion]) -> usize {
+    let ep = &*a.ep;
+    // The common empty poll: nothing published on either ring and the
+    // connection up. Three loads of lines we already hold.
+    if !ep.seg.cq(ep.me).peek_stamped() && !ep.local.view().peek_index() && !ep.is_broken() {
+        return 0;
+    }
+    poll_rings(a, out)
+}
+
+#[inline(never)]
+fn poll_rings(a: &mut Attached, out: &mut [Completion]) -> usize {
     // Alternate which ring goes first, so a steady stream of receives
     // cannot starve our own send completions (and with them the send
     // queue's room) when the caller polls with a short array.
@@ -234,23 +253,25 @@ fn poll_one(a: &mut Attached, out: &mut [Completion]) -> usize {
 #[inline]
 fn drain_inbound(ep: &Endpoint, out: &mut [Completion]) -> usize {
     let ring = ep.seg.cq(ep.me);
-    match ring.pop_n(out.len() as u64, |k, slot| {
+    let taken = ring.pop_stamped(out.len() as u64, |k, slot| {
         let (mut c, _) = slot.read(ep.id);
         c.opcode = WcOpcode::Recv;
         out[k as usize] = c;
-    }) {
-        Ok(0) => 0,
-        Ok(taken) => {
-            // Release: pairs with post_recv's Acquire load (the receive
-            // buffers are handed back before their slots are reused).
-            ep.rq_retired.fetch_add(taken, Ordering::Release);
-            taken as usize
-        }
-        Err(_) => {
-            ep.break_conn(BreakReason::Corruption);
-            0
-        }
+    });
+    if taken > 0 {
+        retire_receives(ep, taken);
     }
+    taken as usize
+}
+
+/// Counts `n` polled receives as retired (this CQ is `rq_retired`'s only
+/// writer, so a load and a store, not a locked read-modify-write).
+#[inline]
+fn retire_receives(ep: &Endpoint, n: u64) {
+    let r = ep.rq_retired.load(Ordering::Relaxed);
+    // Release: pairs with post_recv's Acquire load (the receive buffers are
+    // handed back before their slots are reused).
+    ep.rq_retired.store(r + n, Ordering::Release);
 }
 
 /// Our own send-queue completions.
@@ -321,7 +342,7 @@ fn flush(a: &mut Attached, out: &mut [Completion]) -> usize {
         a.violation_reported = true;
     }
     if taken > 0 {
-        ep.rq_retired.fetch_add(taken, Ordering::Release);
+        retire_receives(ep, taken);
         ep.provider
             .counters
             .flushed

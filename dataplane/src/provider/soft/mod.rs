@@ -19,9 +19,11 @@
 //! observes with an Acquire load.
 //!
 //! A [`SoftCq`] polls, for each queue pair attached to it, that QP's inbound
-//! ring and local ring, in batches (one index load and one index store per
-//! ring per poll), and flushes the QP's posted receives once its connection
-//! broke. QPs are created by the control plane against a [`SoftCqHandle`]
+//! ring and local ring, in batches (one index store per ring per batch), and
+//! flushes the QP's posted receives once its connection broke. Rings shared
+//! with the peer's thread are read by the stamps in their slots, never by
+//! the producer's index, so a Send hands its completion over in the one
+//! cache line of the slot (`ring.rs`). QPs are created by the control plane against a [`SoftCqHandle`]
 //! and reach the worker's CQ through a lock-free attach list.
 //!
 //! Nothing on the post/poll path allocates, locks or makes a system call.

@@ -47,7 +47,6 @@ pub struct SoftQp {
     free_grants: VecDeque<u32>,
     rng: XorShift,
     rq_head_cache: std::cell::Cell<u64>,
-    peer_rq_tail_cache: std::cell::Cell<u64>,
     peer_cq_head_cache: std::cell::Cell<u64>,
 }
 
@@ -67,7 +66,6 @@ impl SoftQp {
             free_grants,
             rng: XorShift::from_os(),
             rq_head_cache: std::cell::Cell::new(0),
-            peer_rq_tail_cache: std::cell::Cell::new(0),
             peer_cq_head_cache: std::cell::Cell::new(0),
         }
     }
@@ -232,20 +230,13 @@ impl SoftQp {
             len: 0,
             region: 0,
         };
-        match rq.pop_n_cached(1, &self.peer_rq_tail_cache, |_, s| posted = s.read()) {
-            Ok(1) => {}
-            Ok(_) => {
-                ep.provider
-                    .counters
-                    .rnr_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                ep.break_conn(BreakReason::ReceiverNotReady);
-                return WcStatus::RnrRetryExceeded;
-            }
-            Err(_) => {
-                ep.break_conn(BreakReason::Corruption);
-                return WcStatus::Other(WC_REMOTE_INVALID_REQUEST);
-            }
+        if rq.pop_stamped(1, |_, s| posted = s.read()) == 0 {
+            ep.provider
+                .counters
+                .rnr_errors
+                .fetch_add(1, Ordering::Relaxed);
+            ep.break_conn(BreakReason::ReceiverNotReady);
+            return WcStatus::RnrRetryExceeded;
         }
         let (recv_status, mine, fatal) = if total > posted.len {
             ep.provider

@@ -4,13 +4,22 @@
 //! other end); the local completion ring lives in this process.
 //!
 //! Indices are free-running `u64`s (never wrap in practice); a slot is
-//! `index & mask`. The producer writes a slot, then publishes it with a
-//! Release store of `tail`; the consumer Acquire-loads `tail`, reads the slot,
-//! then frees it with a Release store of `head`, which the producer
-//! Acquire-loads before reusing a slot. Every slot field is an atomic accessed
-//! Relaxed: the index store/load pairs order them, and a misbehaving peer
-//! writing concurrently can corrupt values but cannot cause undefined
-//! behaviour.
+//! `index & mask`. The producer writes a slot's fields, then publishes it
+//! with a Release store of the slot's *stamp* (`index + 1`), then advances
+//! `tail` (Release). A consumer on the other core ([`RingRef::pop_stamped`])
+//! never reads `tail`: it Acquire-loads the stamp of the slot at its `head`
+//! and takes the slot when the stamp says it was published for that index
+//! (a stamp from the previous lap, or zero, says not yet). So a handoff
+//! moves the one line the slot is on from producer to consumer, instead of
+//! that line and the line of `tail` (which, being spun on, also had to be
+//! taken back by every publish): the cost of a cache-line ping-pong. The
+//! consumer frees slots with a Release store of `head`, which the producer
+//! Acquire-loads (rarely: it caches it) before reusing a slot. `tail` stays
+//! for the producer's own bookkeeping and for consumers that need a count
+//! ([`RingRef::available`]: teardown, flushing). Every slot field is an
+//! atomic accessed Relaxed: the stamp and index store/load pairs order
+//! them, and a misbehaving peer writing concurrently can corrupt values but
+//! cannot cause undefined behaviour.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -38,7 +47,8 @@ pub(crate) struct RecvSlot {
     pub(crate) addr: AtomicU64,
     /// `len | region index << 32`.
     pub(crate) len_region: AtomicU64,
-    _pad: AtomicU64,
+    /// `index + 1` once published (see the module doc).
+    stamp: AtomicU64,
 }
 
 // SAFETY: repr(C) of atomics.
@@ -76,8 +86,9 @@ impl RecvSlot {
     }
 }
 
-/// A completion in a ring.
-#[repr(C)]
+/// A completion in a ring: a cache line of its own, so a handoff moves
+/// exactly one line and a neighbour being written never disturbs it.
+#[repr(C, align(64))]
 #[derive(Debug, Default)]
 pub(crate) struct CqSlot {
     wr_id: AtomicU64,
@@ -87,6 +98,27 @@ pub(crate) struct CqSlot {
     aux: AtomicU64,
     /// Send-queue sequence number (local ring only).
     seq: AtomicU64,
+    /// `index + 1` once published (see the module doc).
+    stamp: AtomicU64,
+}
+
+/// A ring slot with a publication stamp.
+pub(crate) trait Stamped {
+    fn stamp(&self) -> &AtomicU64;
+}
+
+impl Stamped for RecvSlot {
+    #[inline]
+    fn stamp(&self) -> &AtomicU64 {
+        &self.stamp
+    }
+}
+
+impl Stamped for CqSlot {
+    #[inline]
+    fn stamp(&self) -> &AtomicU64 {
+        &self.stamp
+    }
 }
 
 // SAFETY: repr(C) of atomics.
@@ -216,12 +248,20 @@ impl<'a, E> RingRef<'a, E> {
     }
 
     /// Producer: writes up to `n` slots with `fill(k, slot)` (the caller
-    /// checked [`Self::free_slots`]) and publishes them at once.
+    /// checked [`Self::free_slots`]), stamps each, and advances `tail` once.
     #[inline]
-    pub(crate) fn push_n(&self, n: u64, mut fill: impl FnMut(u64, &E)) {
+    pub(crate) fn push_n(&self, n: u64, mut fill: impl FnMut(u64, &E))
+    where
+        E: Stamped,
+    {
         let tail = self.index.tail.load(Ordering::Relaxed);
         for k in 0..n {
-            fill(k, self.slot(tail.wrapping_add(k)));
+            let i = tail.wrapping_add(k);
+            let slot = self.slot(i);
+            fill(k, slot);
+            // Release: the fields written by `fill` happen-before the
+            // consumer's Acquire load that sees this stamp.
+            slot.stamp().store(i.wrapping_add(1), Ordering::Release);
         }
         // Release: the slot writes above happen-before the consumer's Acquire
         // load that observes the new tail.
@@ -251,7 +291,10 @@ impl<'a, E> RingRef<'a, E> {
         &self,
         head_cache: &std::cell::Cell<u64>,
         fill: impl FnOnce(&E),
-    ) -> bool {
+    ) -> bool
+    where
+        E: Stamped,
+    {
         if self.free_slots_cached(head_cache, 1) == 0 {
             return false;
         }
@@ -264,41 +307,63 @@ impl<'a, E> RingRef<'a, E> {
         true
     }
 
-    /// Consumer: [`Self::pop_n`], re-reading the producer's `tail` only when
-    /// the value cached in `tail_cache` says nothing is available.
+    /// Consumer on the other side of the producer: takes up to `max`
+    /// published entries with `take(k, slot)`, found by their stamps
+    /// without reading `tail`, and frees them with one index store. Returns
+    /// how many were taken. Garbage stamps from a misbehaving peer can only
+    /// make slots look published or not: at most `max` slots are read, each
+    /// an atomic load, so nothing worse than garbage values follows.
     #[inline]
-    pub(crate) fn pop_n_cached(
-        &self,
-        max: u64,
-        tail_cache: &std::cell::Cell<u64>,
-        mut take: impl FnMut(u64, &E),
-    ) -> Result<u64, Corrupt> {
+    pub(crate) fn pop_stamped(&self, max: u64, mut take: impl FnMut(u64, &E)) -> u64
+    where
+        E: Stamped,
+    {
         let head = self.index.head.load(Ordering::Relaxed);
-        let mut n = tail_cache.get().wrapping_sub(head);
-        if n == 0 || n > self.slots.len() as u64 {
-            let tail = self.index.tail.load(Ordering::Acquire);
-            tail_cache.set(tail);
-            n = tail.wrapping_sub(head);
-            if n > self.slots.len() as u64 {
-                return Err(Corrupt);
+        let mut n = 0;
+        while n < max {
+            let i = head.wrapping_add(n);
+            let slot = self.slot(i);
+            // Acquire pairs with `push_n`'s Release store of the stamp.
+            if slot.stamp().load(Ordering::Acquire) != i.wrapping_add(1) {
+                break;
             }
+            take(n, slot);
+            n += 1;
         }
-        let n = n.min(max);
-        if n == 0 {
-            return Ok(0);
+        if n > 0 {
+            // Release: our slot reads happen-before the producer reuses them.
+            self.index
+                .head
+                .store(head.wrapping_add(n), Ordering::Release);
         }
-        for k in 0..n {
-            take(k, self.slot(head.wrapping_add(k)));
-        }
-        self.index
-            .head
-            .store(head.wrapping_add(n), Ordering::Release);
-        Ok(n)
+        n
+    }
+
+    /// Consumer: whether the slot at `head` is published (a hint for an
+    /// empty poll to return early; [`Self::pop_stamped`] is what orders).
+    #[inline]
+    pub(crate) fn peek_stamped(&self) -> bool
+    where
+        E: Stamped,
+    {
+        let head = self.index.head.load(Ordering::Relaxed);
+        self.slot(head).stamp().load(Ordering::Relaxed) == head.wrapping_add(1)
+    }
+
+    /// Whether `tail` moved past `head` (a hint, as [`Self::peek_stamped`],
+    /// for a ring whose producer and consumer share a thread or that is
+    /// read by index).
+    #[inline]
+    pub(crate) fn peek_index(&self) -> bool {
+        self.index.tail.load(Ordering::Relaxed) != self.index.head.load(Ordering::Relaxed)
     }
 
     /// Producer: pushes one entry if there is room.
     #[inline]
-    pub(crate) fn try_push(&self, fill: impl FnOnce(&E)) -> bool {
+    pub(crate) fn try_push(&self, fill: impl FnOnce(&E)) -> bool
+    where
+        E: Stamped,
+    {
         if self.free_slots() == 0 {
             return false;
         }
@@ -440,5 +505,44 @@ mod tests {
         // A corrupt tail is detected, not followed.
         ring.index.tail.store(100, Ordering::Relaxed);
         assert_eq!(v.available(), Err(Corrupt));
+    }
+
+    #[test]
+    fn stamped_pop_takes_exactly_the_published_slots_across_laps() {
+        let ring = LocalRing::new(4);
+        let v = ring.view();
+        let c = |i| Completion {
+            wr_id: i,
+            ..Completion::EMPTY
+        };
+        let mut got = vec![];
+        assert_eq!(
+            v.pop_stamped(8, |_, s| got.push(s.read(QpId(0)).0.wr_id)),
+            0
+        );
+        let mut next = 0;
+        for lap in 0..5u64 {
+            // Fill the ring, take part of it, refill what was freed.
+            let free = v.free_slots();
+            v.push_n(free, |k, s| s.write(&c(next + k), 0));
+            next += free;
+            assert_eq!(
+                v.pop_stamped(3, |_, s| got.push(s.read(QpId(0)).0.wr_id)),
+                3
+            );
+            // A slot still holding the stamp of its previous lap is not
+            // taken again.
+            if lap > 0 {
+                let taken = v.pop_stamped(8, |_, s| got.push(s.read(QpId(0)).0.wr_id));
+                assert_eq!(taken, 1, "only the one published slot is left");
+            }
+        }
+        assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
+        // A stamp that does not match the head's index is "not published".
+        let head = ring.index.head.load(Ordering::Relaxed);
+        ring.slots[(head & 3) as usize]
+            .stamp
+            .store(head + 5, Ordering::Relaxed);
+        assert_eq!(v.pop_stamped(8, |_, _| {}), 0);
     }
 }
