@@ -62,7 +62,7 @@ fi
 if grep -q '^cifs-tests: skipped' "$log"; then
 	not_run "$(sed -n 's/^cifs-tests: skipped: //p' "$log" | head -n 1)"
 fi
-grep -E '^(bench: |OK: |FAIL: |FATAL: )' "$log" | sed 's/^/bench-cifs: /' >&2
+{ grep -E '^(bench: |OK: |FAIL: |FATAL: )' "$log" || true; } | sed 's/^/bench-cifs: /' >&2
 values=$(grep -E '^bench: pair=[0-9]+ server=(smbdirectd|smbdirectd-alt|ksmbd) job=[a-z0-9]+ value=[0-9.]+$' "$log" || true)
 if [ -z "$values" ]; then
 	not_run "no figures: cifs-tests.sh --bench exit $status, logs in $out"

@@ -105,8 +105,11 @@ start_server() { # extra serve flags...
 	local capture=()
 	[ "$MODE" = --test ] && capture=(--capture "$LOG/server$n.pcap")
 	# rxe0 allows CQs of up to 32767 entries: a few connections only
+	# 200 us of busy-polling unless the caller names its own
+	local park=(--idle-park-us 200)
+	[[ " $* " == *" --idle-park-us "* ]] && park=()
 	"$BIN" serve --provider verbs --listen "$IP:$SRV_PORT" --cores 1 --max-connections 8 --pool-mem 128M \
-		--idle-park-us 200 --store "$STORE" --users "$LOG/users" "${capture[@]}" --stats-interval 0 "$@" \
+		"${park[@]}" --store "$STORE" --users "$LOG/users" "${capture[@]}" --stats-interval 0 "$@" \
 		> >(tee "$LOG/server$n.log" | sed 's/^/server: /' >&2) 2>&1 &
 	SRV_PID=$!
 	for ((i = 0; i < 300; i++)); do
