@@ -311,6 +311,23 @@ fn ntlmssp_logon_signs_and_wrong_password_is_refused() {
     let _ = std::fs::remove_file(&users);
 }
 
+/// A daemon serving SMB2 from a fresh directory store to user alice
+/// ("correct horse"); with its users file and store directory, which the
+/// caller removes at the end.
+fn spawn_with_user_and_store(port: u16) -> (Daemon, String, String) {
+    let users = format!("/tmp/smbdirectd-users-{port}");
+    let dir = format!("/tmp/smbdirectd-auth-store-{port}");
+    let _ = std::fs::remove_file(&users);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    add_user(&users, "alice", "correct horse");
+    let d = spawn(
+        port,
+        &["--upper", "smb2", "--users", &users, "--store", &dir],
+    );
+    (d, users, dir)
+}
+
 /// Logs `alice` on with `dialect`, connects the `data` share and opens
 /// (OVERWRITE_IF) `name` for reading and writing, every request signed and
 /// every response checked to be signed; returns the signing key and the
@@ -362,16 +379,7 @@ fn signed_open(r: &mut Raw, dialect: Dialect, name: &str) -> ([u8; 16], FileId) 
 fn responses_that_wait_for_the_store_and_logoff_are_signed() {
     let _g = serial();
     let port = free_port();
-    let users = format!("/tmp/smbdirectd-users-{port}");
-    let dir = format!("/tmp/smbdirectd-auth-store-{port}");
-    let _ = std::fs::remove_file(&users);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    add_user(&users, "alice", "correct horse");
-    let d = spawn(
-        port,
-        &["--upper", "smb2", "--users", &users, "--store", &dir],
-    );
+    let (d, users, dir) = spawn_with_user_and_store(port);
     let provider = SoftProvider::new().unwrap();
     let alg = SigningAlgorithm::AES_CMAC;
     for dialect in [Dialect::SMB_3_1_1, Dialect::SMB_3_0] {
@@ -426,16 +434,7 @@ fn responses_that_wait_for_the_store_and_logoff_are_signed() {
 fn a_signed_write_whose_data_is_not_what_was_signed_is_refused() {
     let _g = serial();
     let port = free_port();
-    let users = format!("/tmp/smbdirectd-users-{port}");
-    let dir = format!("/tmp/smbdirectd-auth-store-{port}");
-    let _ = std::fs::remove_file(&users);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    add_user(&users, "alice", "correct horse");
-    let d = spawn(
-        port,
-        &["--upper", "smb2", "--users", &users, "--store", &dir],
-    );
+    let (d, users, dir) = spawn_with_user_and_store(port);
     let provider = SoftProvider::new().unwrap();
     let alg = SigningAlgorithm::AES_CMAC;
     let mut r = Raw::connect(&provider, port);
