@@ -125,7 +125,13 @@ fn progress(opts: &BenchOptions) -> Progress {
 /// Runs the benchmark `opts` describes.
 pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
     if opts.workload == WorkloadKind::Memcpy {
-        let w = memcpy::MemcpyWorkload::new(opts.size, opts.queue_depth, opts.verify);
+        let w = memcpy::MemcpyWorkload::new(
+            opts.size,
+            opts.memcpy_span,
+            opts.smb2.read_pct,
+            opts.queue_depth,
+            opts.verify,
+        );
         let m = runner::run(&w, &plan(opts), &mut progress(opts))?;
         return Ok(report(opts, "none", m));
     }

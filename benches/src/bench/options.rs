@@ -23,6 +23,9 @@ pub const MAX_QUEUE_DEPTH: u32 = 255;
 /// Most connections.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// `--file-size` of the SMB2 workloads when not given.
+pub const DEFAULT_FILE_SIZE: &str = "64M";
+
 /// What each operation is (`--workload`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WorkloadKind {
@@ -48,7 +51,10 @@ pub enum WorkloadKind {
     /// only, queue depth 1).
     Pingpong,
     /// A copy of --size bytes between two buffers of the client thread: the
-    /// same-run baseline of read/write (--loopback only).
+    /// same-run baseline of read/write (--loopback only). With --file-size,
+    /// each copy's source is the next --size block of a region of that
+    /// size, mapped as the memory store maps its data (the read/write rows'
+    /// footprint); without, one --size buffer that stays in cache.
     Memcpy,
 }
 
@@ -166,9 +172,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub ignore_limit: bool,
     /// read/write/mixed/qos: size of the file the I/O goes to (created and
-    /// filled at set-up; with --loopback the server's memory store holds it).
-    #[arg(long, default_value = "64M")]
-    pub file_size: String,
+    /// filled at set-up; with --loopback the server's memory store holds it;
+    /// default 64M). memcpy: the region the copies' sources walk through
+    /// (default: one --size buffer).
+    #[arg(long)]
+    pub file_size: Option<String>,
     /// Check every byte moved (off by default for speed); any mismatch is an
     /// error and the exit status 1.
     #[arg(long)]
@@ -256,6 +264,9 @@ pub struct BenchOptions {
     pub size: usize,
     /// SMB2 workload parameters.
     pub smb2: Smb2Options,
+    /// memcpy: bytes the sources walk through (`--file-size`; None: one
+    /// `--size` buffer).
+    pub memcpy_span: Option<u64>,
     /// Check every byte.
     pub verify: bool,
     /// No progress line.
@@ -391,7 +402,7 @@ impl BenchOptions {
                 return usage(format!("--policy-id {g}: not a GUID"));
             }
         }
-        let file_size = parse_size(&a.file_size)
+        let file_size = parse_size(a.file_size.as_deref().unwrap_or(DEFAULT_FILE_SIZE))
             .map_err(|e| BenchError::Usage(format!("--file-size: {e}")))?
             as u64;
         if file_size < size as u64 {
@@ -427,6 +438,8 @@ impl BenchOptions {
                 ignore_limit: a.ignore_limit,
                 file_size,
             },
+            memcpy_span: (a.workload == WorkloadKind::Memcpy && a.file_size.is_some())
+                .then_some(file_size),
             verify: a.verify,
             quiet: a.quiet,
             json: a.json.clone(),
@@ -540,5 +553,35 @@ mod tests {
         assert_eq!(o.smb2.bandwidth_limit, Some(100 << 10));
         assert_eq!(o.smb2.file_size, 64 << 20);
         assert!(o.smb2.inline && o.smb2.ignore_limit);
+        assert_eq!(o.memcpy_span, None);
+    }
+
+    #[test]
+    fn memcpy_walks_a_region_only_when_given_file_size() {
+        let o = parse(&["--loopback", "--workload", "memcpy", "--size", "1M"]).expect("valid");
+        assert_eq!(o.memcpy_span, None);
+        assert_eq!(o.smb2.file_size, 64 << 20);
+        let o = parse(&[
+            "--loopback",
+            "--workload",
+            "memcpy",
+            "--size",
+            "1M",
+            "--file-size",
+            "64M",
+        ])
+        .expect("valid");
+        assert_eq!(o.memcpy_span, Some(64 << 20));
+        let e = parse(&[
+            "--loopback",
+            "--workload",
+            "memcpy",
+            "--size",
+            "1M",
+            "--file-size",
+            "512K",
+        ])
+        .expect_err("smaller than one block");
+        assert_eq!(e.exit_code(), 2);
     }
 }

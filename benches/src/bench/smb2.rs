@@ -82,7 +82,7 @@ pub fn block_seed(block: u64) -> u64 {
 
 /// Whether operation `seq` of a workload with `read_pct` % reads is a
 /// READ (a fixed hash of the sequence number: repeatable runs).
-fn is_read(seq: u64, read_pct: u8) -> bool {
+pub(super) fn is_read(seq: u64, read_pct: u8) -> bool {
     let h = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
     (h % 100) < u64::from(read_pct)
 }

@@ -210,8 +210,12 @@ impl std::fmt::Debug for Pool {
 }
 
 /// Maps `len` bytes of anonymous memory, trying 2 MiB hugepages first when
-/// `hugepages`. Returns the mapping and whether it is hugepage-backed.
-fn map_region(len: usize, hugepages: bool) -> Result<(MmapMut, bool), String> {
+/// `hugepages` (and `len` is a multiple of 2 MiB), else ordinary pages with
+/// a `MADV_HUGEPAGE` hint. Returns the mapping and whether it is
+/// hugepage-backed. The store's data region is mapped with
+/// `hugepages = true`; the bench's same-footprint `memcpy` baseline maps its
+/// sources with this too, so both read the same kind of memory.
+pub fn map_region(len: usize, hugepages: bool) -> Result<(MmapMut, bool), String> {
     if hugepages && len as u64 % HUGEPAGE == 0 {
         if let Ok(m) = MmapOptions::new().len(len).huge(Some(21)).map_anon() {
             return Ok((m, true));
