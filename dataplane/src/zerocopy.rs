@@ -57,25 +57,35 @@ pub(crate) const PIECE_BYTES: usize = 20;
 
 impl Piece {
     /// Encodes into `b` (at least [`PIECE_BYTES`]).
+    #[inline]
     pub(crate) fn encode(&self, b: &mut [u8]) {
-        b[0..8].copy_from_slice(&self.sge.addr.to_le_bytes());
-        b[8..12].copy_from_slice(&self.sge.len.to_le_bytes());
-        b[12..16].copy_from_slice(&self.sge.lkey.to_le_bytes());
-        b[16..20].copy_from_slice(&self.pin.to_le_bytes());
+        let Some(b) = b.first_chunk_mut::<PIECE_BYTES>() else {
+            panic!("a piece needs {PIECE_BYTES} bytes, got {}", b.len());
+        };
+        let mut out = [0u8; PIECE_BYTES];
+        out[0..8].copy_from_slice(&self.sge.addr.to_le_bytes());
+        out[8..12].copy_from_slice(&self.sge.len.to_le_bytes());
+        out[12..16].copy_from_slice(&self.sge.lkey.to_le_bytes());
+        out[16..20].copy_from_slice(&self.pin.to_le_bytes());
+        *b = out;
     }
 
-    /// Decodes what [`Piece::encode`] wrote.
+    /// Decodes what [`Piece::encode`] wrote (the first [`PIECE_BYTES`] of
+    /// `b`). On the I/O path (twice per zero-copy READ), so it works on a
+    /// fixed-size array: no per-byte bounds checks.
+    #[inline]
     pub(crate) fn decode(b: &[u8]) -> Piece {
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[0..8]);
+        let Some(b) = b.first_chunk::<PIECE_BYTES>() else {
+            panic!("an encoded piece is {PIECE_BYTES} bytes, got {}", b.len());
+        };
+        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, k0, k1, k2, k3, p0, p1, p2, p3] = *b;
         Piece {
             sge: Sge {
-                addr: u64::from_le_bytes(a),
-                len: u32_at(8),
-                lkey: u32_at(12),
+                addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+                len: u32::from_le_bytes([l0, l1, l2, l3]),
+                lkey: u32::from_le_bytes([k0, k1, k2, k3]),
             },
-            pin: u32_at(16),
+            pin: u32::from_le_bytes([p0, p1, p2, p3]),
         }
     }
 }
