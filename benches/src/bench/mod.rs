@@ -89,6 +89,7 @@ fn plan(opts: &BenchOptions) -> runner::Plan {
 fn report(opts: &BenchOptions, provider: &'static str, m: runner::Measurement) -> Report {
     Report {
         smb2: None,
+        memcpy_span: opts.memcpy_span.map(|s| (s, opts.smb2.read_pct)),
         workload: opts.workload.name(),
         size: if opts.workload == WorkloadKind::Pingpong {
             8

@@ -36,6 +36,9 @@ pub struct Report {
     pub m: Measurement,
     /// The SMB2 workloads' parameters and QoS flows.
     pub smb2: Option<Smb2Report>,
+    /// `memcpy --file-size`: the region's bytes and the percentage of
+    /// copies out of it (JSON `file_size`, `read_pct`).
+    pub memcpy_span: Option<(u64, u8)>,
 }
 
 /// What the SMB2 workloads add to a report.
@@ -172,13 +175,17 @@ impl Report {
     /// A short description of the run ("send, 512 B, qd 1, 1 connection").
     pub fn title(&self) -> String {
         format!(
-            "{}, {} B, qd {}, {} connection{} ({})",
+            "{}, {} B, qd {}, {} connection{} ({}){}",
             self.workload,
             self.size,
             self.queue_depth,
             self.connections,
             if self.connections == 1 { "" } else { "s" },
-            self.provider
+            self.provider,
+            self.memcpy_span
+                .map_or(String::new(), |(span, pct)| format!(
+                    ", blocks of a {span} B region, {pct} % of the copies out of it"
+                ))
         )
     }
 
@@ -287,6 +294,10 @@ impl Report {
         field("pinned", self.m.pinned.to_string());
         field("server_cores", cores_json(&self.server_cores));
         field("client_cores", cores_json(&self.client_cores));
+        if let Some((span, pct)) = self.memcpy_span {
+            field("file_size", span.to_string());
+            field("read_pct", pct.to_string());
+        }
         if let Some(x) = &self.smb2 {
             field("channel", string(x.channel));
             field("file_size", x.file_size.to_string());
@@ -352,6 +363,7 @@ mod tests {
                 threads: 1,
             },
             smb2: None,
+            memcpy_span: None,
         }
     }
 
@@ -383,6 +395,22 @@ mod tests {
             j.trim_end().ends_with("]\n}") || j.trim_end().ends_with("}"),
             "{j}"
         );
+        assert!(!j.contains(",\n}"), "{j}");
+    }
+
+    #[test]
+    fn a_memcpy_over_a_region_says_so_in_title_and_json() {
+        let mut r = sample();
+        r.workload = "memcpy";
+        r.memcpy_span = Some((64 << 20, 100));
+        assert!(
+            r.title().contains("blocks of a 67108864 B region, 100 %"),
+            "{}",
+            r.title()
+        );
+        let j = r.to_json();
+        assert!(j.contains("\"file_size\": 67108864,"), "{j}");
+        assert!(j.contains("\"read_pct\": 100"), "{j}");
         assert!(!j.contains(",\n}"), "{j}");
     }
 
