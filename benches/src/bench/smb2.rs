@@ -355,7 +355,10 @@ impl<'a, P: Provider> Smb2Workload<'a, P> {
         };
         let blocks_per_chunk = (max / self.size).max(1);
         let chunk = blocks_per_chunk * self.size;
-        let mut c = self.connect(None, chunk, 1)?;
+        // The client's synchronous WRITE stages through one I/O buffer of
+        // the next power of two (at least 4 KiB): the pool's class must
+        // hold that, not just `chunk` (5 blocks of 192 KiB are 960 KiB).
+        let mut c = self.connect(None, chunk.max(4096).next_power_of_two(), 1)?;
         let t = self.transfer(&c);
         let fid = c
             .create(
