@@ -558,30 +558,13 @@ mod tests {
 
     #[test]
     fn memcpy_walks_a_region_only_when_given_file_size() {
-        let o = parse(&["--loopback", "--workload", "memcpy", "--size", "1M"]).expect("valid");
+        let memcpy = ["--loopback", "--workload", "memcpy", "--size", "1M"];
+        let o = parse(&memcpy).expect("valid");
         assert_eq!(o.memcpy_span, None);
         assert_eq!(o.smb2.file_size, 64 << 20);
-        let o = parse(&[
-            "--loopback",
-            "--workload",
-            "memcpy",
-            "--size",
-            "1M",
-            "--file-size",
-            "64M",
-        ])
-        .expect("valid");
-        assert_eq!(o.memcpy_span, Some(64 << 20));
-        let e = parse(&[
-            "--loopback",
-            "--workload",
-            "memcpy",
-            "--size",
-            "1M",
-            "--file-size",
-            "512K",
-        ])
-        .expect_err("smaller than one block");
+        let region = |size: &str| parse(&[&memcpy[..], &["--file-size", size]].concat());
+        assert_eq!(region("64M").expect("valid").memcpy_span, Some(64 << 20));
+        let e = region("512K").expect_err("smaller than one block");
         assert_eq!(e.exit_code(), 2);
     }
 }
