@@ -7,7 +7,7 @@ mod user_cli;
 use clap::{Parser, Subcommand, ValueEnum};
 use smbdirect_controlplane::qos_policy::PolicyStore;
 use smbdirect_controlplane::users::UserStore;
-use smbdirect_controlplane::{admin, cores, signals, start, ServerConfig};
+use smbdirect_controlplane::{admin, cores, signals, start, IdleMode, ServerConfig};
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
 use smbdirect_dataplane::provider::Provider;
@@ -39,6 +39,14 @@ enum ProviderKind {
     Verbs,
     /// The embedded software provider (shared memory, this host only).
     Soft,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IdleArg {
+    /// Sleep on the completion queue (verbs), else nap.
+    Sleep,
+    /// Nap 50 us at a time.
+    Nap,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -178,6 +186,11 @@ struct ServeArgs {
     /// set it small).
     #[arg(long, default_value_t = 10_000)]
     idle_park_us: u64,
+    /// What an idle worker does after --idle-park-us: `sleep` until the
+    /// next completion (1 ms at most; verbs, through a completion channel;
+    /// the soft provider naps) or `nap` 50 us at a time.
+    #[arg(long, value_enum, default_value_t = IdleArg::Sleep)]
+    idle: IdleArg,
     /// Upper layer handed each reassembled message: `smb2` (SMB2 over SMB
     /// Direct with Storage QoS; sessions are anonymous/guest only — no
     /// authentication yet) or `echo` (transport benchmark server, also RDMA
@@ -444,6 +457,10 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_connections: a.max_connections,
         pool_mem,
         idle_park: Duration::from_micros(a.idle_park_us),
+        idle: match a.idle {
+            IdleArg::Sleep => IdleMode::Sleep,
+            IdleArg::Nap => IdleMode::Nap,
+        },
         admin_socket: Some(
             a.admin_socket
                 .clone()
