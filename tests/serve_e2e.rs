@@ -406,6 +406,30 @@ fn sixty_four_connections_over_two_workers_one_violator_is_cut_off_alone() {
     eprintln!("63 connections x {rounds} rounds: {verified} bytes echoed and verified");
 }
 
+/// `serve --provider verbs --pool-mem 96M` plus `extra` on $RXE_IP (or
+/// 127.0.0.1) and a free port, with its listen address; None (the test
+/// says it is skipped) where there is no RDMA device.
+fn spawn_verbs(extra: &[&str]) -> Option<(Daemon, String)> {
+    use smbdirect_dataplane::provider::verbs::devices;
+    if devices().map(|d| d.is_empty()).unwrap_or(true) {
+        eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");
+        return None;
+    }
+    let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = free_port();
+    let listen = format!("{ip}:{port}");
+    let mut args = vec![
+        "--provider",
+        "verbs",
+        "--listen",
+        &listen,
+        "--pool-mem",
+        "96M",
+    ];
+    args.extend_from_slice(extra);
+    Some((spawn(port, &args), listen))
+}
+
 /// A verbs client connected to `listen` and negotiated, with the provider
 /// and pool it uses (kept alive by the caller).
 fn verbs_client(
@@ -442,27 +466,9 @@ fn verbs_client(
 #[test]
 fn serve_over_verbs_idle_worker_sleeps_and_wakes_for_timers_and_messages() {
     let _serial = serial();
-    use smbdirect_dataplane::provider::verbs::devices;
-    if devices().map(|d| d.is_empty()).unwrap_or(true) {
-        eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");
+    let Some((d, listen)) = spawn_verbs(&["--keepalive-interval", "1"]) else {
         return;
-    }
-    let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = free_port();
-    let listen = format!("{ip}:{port}");
-    let d = spawn(
-        port,
-        &[
-            "--provider",
-            "verbs",
-            "--listen",
-            &listen,
-            "--pool-mem",
-            "96M",
-            "--keepalive-interval",
-            "1",
-        ],
-    );
+    };
     let (_provider, _pool, mut c) = verbs_client(&listen);
     let sleeps = |d: &Daemon| field(&stats_json(d), "idle_sleeps");
     // Idle: only the server's keepalive timer (1 s) makes work. Two
@@ -511,25 +517,9 @@ fn serve_over_verbs_idle_worker_sleeps_and_wakes_for_timers_and_messages() {
 #[test]
 fn serve_over_verbs_echoes_and_returns_every_buffer() {
     let _serial = serial();
-    use smbdirect_dataplane::provider::verbs::devices;
-    if devices().map(|d| d.is_empty()).unwrap_or(true) {
-        eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");
+    let Some((d, listen)) = spawn_verbs(&[]) else {
         return;
-    }
-    let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = free_port();
-    let listen = format!("{ip}:{port}");
-    let d = spawn(
-        port,
-        &[
-            "--provider",
-            "verbs",
-            "--listen",
-            &listen,
-            "--pool-mem",
-            "96M",
-        ],
-    );
+    };
     let (_provider, _pool, mut c) = verbs_client(&listen);
     for &size in &[1usize, 1340, 1341, 65_536, 1 << 20] {
         let msg: Vec<u8> = (0..size).map(|i| (i * 3 + size) as u8).collect();
@@ -624,31 +614,12 @@ fn serve_over_verbs_echoes_and_returns_every_buffer() {
 #[test]
 fn serve_over_verbs_smb2_rdma_moves_data_to_and_from_the_store_blocks() {
     let _serial = serial();
-    use smbdirect_dataplane::provider::verbs::{devices, VerbsConfig, VerbsProvider};
+    use smbdirect_dataplane::provider::verbs::{VerbsConfig, VerbsProvider};
     use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
     use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
-    if devices().map(|d| d.is_empty()).unwrap_or(true) {
-        eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");
+    let Some((d, listen)) = spawn_verbs(&["--upper", "smb2", "--store-size", "64M"]) else {
         return;
-    }
-    let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = free_port();
-    let listen = format!("{ip}:{port}");
-    let d = spawn(
-        port,
-        &[
-            "--provider",
-            "verbs",
-            "--upper",
-            "smb2",
-            "--listen",
-            &listen,
-            "--pool-mem",
-            "96M",
-            "--store-size",
-            "64M",
-        ],
-    );
+    };
     let provider = VerbsProvider::open(VerbsConfig::default()).expect("open the RDMA device");
     let pool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
         .build()

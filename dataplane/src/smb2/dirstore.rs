@@ -2112,6 +2112,28 @@ impl DirStore {
     }
 }
 
+/// Repeats `op(done)` (a `pread(2)` or `pwrite(2)` of what follows the
+/// first `done` bytes) until `len` bytes are done, it returns 0 (the end
+/// of the file, or a write that wrote nothing) or fails with an errno other
+/// than EINTR; returns the bytes done and that errno.
+fn transfer(len: usize, mut op: impl FnMut(usize) -> isize) -> (usize, Option<i32>) {
+    let mut done = 0;
+    while done < len {
+        let n = op(done);
+        if n < 0 {
+            match last_errno() {
+                libc::EINTR => continue,
+                e => return (done, Some(e)),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    (done, None)
+}
+
 /// READ and WRITE by plain system calls, for files on a memory file system
 /// (see "Memory file systems" in the module docs).
 impl DirStore {
@@ -2138,37 +2160,26 @@ impl DirStore {
             }
         };
         let buf = self.staging.ptr(stage);
-        let mut got = 0u32;
-        let mut failed = None;
-        if let Ok(file) = self.files.get(h) {
-            let fd = Self::io_fd(file, offset, len, buf);
-            while got < len {
-                let at = offset + u64::from(got);
-                // SAFETY: the run holds at least `len` bytes and no I/O
-                // uses it; `at` fits an off_t (checked by the caller).
-                let n = unsafe {
-                    libc::pread(
-                        fd,
-                        buf.add(got as usize).cast(),
-                        (len - got) as usize,
-                        at as libc::off_t,
-                    )
-                };
-                if n < 0 {
-                    match last_errno() {
-                        libc::EINTR => continue,
-                        e => {
-                            failed = Some(e);
-                            break;
-                        }
+        let (got, failed) = match self.files.get(h) {
+            Ok(file) => {
+                let fd = Self::io_fd(file, offset, len, buf);
+                transfer(len as usize, |done| {
+                    // SAFETY: the run holds at least `len` bytes and no I/O
+                    // uses it; the offset fits an off_t (checked by the
+                    // caller).
+                    unsafe {
+                        libc::pread(
+                            fd,
+                            buf.add(done).cast(),
+                            len as usize - done,
+                            (offset + done as u64) as libc::off_t,
+                        )
                     }
-                }
-                if n == 0 {
-                    break;
-                }
-                got += n as u32;
+                })
             }
-        }
+            Err(_) => (0, None),
+        };
+        let got = got as u32;
         if let Kind::Read { got: g, .. } = &mut self.ops[slot].kind {
             *g = got;
         }
@@ -2192,29 +2203,24 @@ impl DirStore {
             Ok(file) => Self::io_fd(file, offset, data.len() as u32, data.as_ptr()),
             Err(e) => return Poll::Ready(Err(e)),
         };
-        let mut put = 0usize;
-        while put < data.len() {
-            let at = offset + put as u64;
-            // SAFETY: `data[put..]` is readable caller memory; `at` fits an
-            // off_t (checked by the caller).
-            let n = unsafe {
+        let (put, failed) = transfer(data.len(), |done| {
+            // SAFETY: `data[done..]` is readable caller memory; the offset
+            // fits an off_t (checked by the caller).
+            unsafe {
                 libc::pwrite(
                     fd,
-                    data.as_ptr().add(put).cast(),
-                    data.len() - put,
-                    at as libc::off_t,
+                    data.as_ptr().add(done).cast(),
+                    data.len() - done,
+                    (offset + done as u64) as libc::off_t,
                 )
-            };
-            if n < 0 {
-                match last_errno() {
-                    libc::EINTR => continue,
-                    e => return Poll::Ready(Err(errno_error(e))),
-                }
             }
-            if n == 0 {
-                return Poll::Ready(Err(StoreError::Io(libc::EIO)));
-            }
-            put += n as usize;
+        });
+        if let Some(e) = failed {
+            return Poll::Ready(Err(errno_error(e)));
+        }
+        if put < data.len() {
+            // pwrite(2) wrote nothing: as a WRITE CQE of 0 on the ring.
+            return Poll::Ready(Err(StoreError::Io(libc::EIO)));
         }
         Poll::Ready(Ok(Out::Count(put as u32)))
     }
