@@ -7,11 +7,11 @@ mod user_cli;
 use clap::{Parser, Subcommand, ValueEnum};
 use smbdirect_controlplane::qos_policy::PolicyStore;
 use smbdirect_controlplane::users::UserStore;
-use smbdirect_controlplane::{admin, cores, signals, start, ServerConfig};
+use smbdirect_controlplane::{admin, cores, signals, start, IdleMode, ServerConfig};
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
 use smbdirect_dataplane::provider::Provider;
-use smbdirect_dataplane::smb2::store::{DirStoreFactory, MemStoreFactory, StoreFactory};
+use smbdirect_dataplane::smb2::store::{DirStoreFactory, MemStoreFactory, RwPath, StoreFactory};
 use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
 use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{parse_size, HugepageInfo};
@@ -39,6 +39,22 @@ enum ProviderKind {
     Verbs,
     /// The embedded software provider (shared memory, this host only).
     Soft,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IdleArg {
+    /// Sleep on the completion queue (verbs), else nap.
+    Sleep,
+    /// Nap 50 us at a time.
+    Nap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreIo {
+    /// Synchronous on memory file systems, io_uring elsewhere.
+    Auto,
+    /// io_uring for every READ and WRITE.
+    Uring,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -170,6 +186,11 @@ struct ServeArgs {
     /// set it small).
     #[arg(long, default_value_t = 10_000)]
     idle_park_us: u64,
+    /// What an idle worker does after --idle-park-us: `sleep` until the
+    /// next completion (1 ms at most; verbs, through a completion channel;
+    /// the soft provider naps) or `nap` 50 us at a time.
+    #[arg(long, value_enum, default_value_t = IdleArg::Sleep)]
+    idle: IdleArg,
     /// Upper layer handed each reassembled message: `smb2` (SMB2 over SMB
     /// Direct with Storage QoS; sessions are anonymous/guest only — no
     /// authentication yet) or `echo` (transport benchmark server, also RDMA
@@ -187,6 +208,13 @@ struct ServeArgs {
     /// Directory store: use O_DIRECT for aligned I/O.
     #[arg(long)]
     store_direct: bool,
+    /// Directory store: how READ and WRITE reach the files. `auto` reads
+    /// and writes synchronously on the worker when the directory is on a
+    /// memory file system (tmpfs, ramfs: a copy to or from the page cache,
+    /// as ksmbd does), else through io_uring; `uring` always uses io_uring
+    /// (e.g. for a tmpfs that may swap).
+    #[arg(long, value_enum, default_value_t = StoreIo::Auto)]
+    store_io: StoreIo,
     /// The share's name (clients connect to \\SERVER\NAME), optionally with
     /// a default Storage QoS policy: `NAME:policy=GUID` makes every file
     /// Open on the share a flow under that policy (for clients that send no
@@ -429,6 +457,10 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_connections: a.max_connections,
         pool_mem,
         idle_park: Duration::from_micros(a.idle_park_us),
+        idle: match a.idle {
+            IdleArg::Sleep => IdleMode::Sleep,
+            IdleArg::Nap => IdleMode::Nap,
+        },
         admin_socket: Some(
             a.admin_socket
                 .clone()
@@ -461,7 +493,14 @@ fn serve(a: ServeArgs) -> ExitCode {
         }
     } else {
         match DirStoreFactory::new(std::path::Path::new(&a.store), a.store_direct) {
-            Ok(f) => Some(Arc::new(f)),
+            Ok(f) => {
+                let f = f.with_rw_path(match a.store_io {
+                    StoreIo::Auto => RwPath::Auto,
+                    StoreIo::Uring => RwPath::Uring,
+                });
+                eprintln!("smbdirectd: store {}: {}", a.store, f.rw_description());
+                Some(Arc::new(f))
+            }
             Err(e) => return usage_error(format!("--store {}: {e}", a.store)),
         }
     };

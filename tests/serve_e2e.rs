@@ -406,48 +406,121 @@ fn sixty_four_connections_over_two_workers_one_violator_is_cut_off_alone() {
     eprintln!("63 connections x {rounds} rounds: {verified} bytes echoed and verified");
 }
 
-/// The same exchange over real verbs: runs where an RDMA device exists (the
-/// Soft-RoCE guest of `scripts/rxe-tests.sh` in CI, or real hardware), with
-/// `serve --provider verbs` on $RXE_IP (or 127.0.0.1 elsewhere).
-#[test]
-fn serve_over_verbs_echoes_and_returns_every_buffer() {
-    let _serial = serial();
-    use smbdirect_dataplane::provider::verbs::{devices, VerbsConfig, VerbsProvider};
+/// `serve --provider verbs --pool-mem 96M` plus `extra` on $RXE_IP (or
+/// 127.0.0.1) and a free port, with its listen address; None (the test
+/// says it is skipped) where there is no RDMA device.
+fn spawn_verbs(extra: &[&str]) -> Option<(Daemon, String)> {
+    use smbdirect_dataplane::provider::verbs::devices;
     if devices().map(|d| d.is_empty()).unwrap_or(true) {
         eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");
-        return;
+        return None;
     }
     let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
     let port = free_port();
     let listen = format!("{ip}:{port}");
-    let d = spawn(
-        port,
-        &[
-            "--provider",
-            "verbs",
-            "--listen",
-            &listen,
-            "--pool-mem",
-            "96M",
-        ],
-    );
+    let mut args = vec![
+        "--provider",
+        "verbs",
+        "--listen",
+        &listen,
+        "--pool-mem",
+        "96M",
+    ];
+    args.extend_from_slice(extra);
+    Some((spawn(port, &args), listen))
+}
+
+/// A verbs client connected to `listen` and negotiated, with the provider
+/// and pool it uses (kept alive by the caller).
+fn verbs_client(
+    listen: &str,
+) -> (
+    smbdirect_dataplane::provider::verbs::VerbsProvider,
+    BufferPool,
+    Client<smbdirect_dataplane::provider::verbs::VerbsProvider>,
+) {
+    use smbdirect_dataplane::provider::verbs::{VerbsConfig, VerbsProvider};
     let provider = VerbsProvider::open(VerbsConfig::default()).expect("open the RDMA device");
     let pool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
         .build()
         .unwrap();
-    // SAFETY: the pool lives for the whole test.
+    // SAFETY: the pool lives for the whole test (returned to the caller).
     let mr =
         unsafe { provider.register(pool.region_base().as_ptr(), pool.region_len(), None) }.unwrap();
-    let addr = listen.parse().unwrap();
-    let mut c = Client::connect(
+    let c = Client::connect(
         &provider,
-        addr,
+        listen.parse().unwrap(),
         cfg(),
         pool.claim_slice(0).unwrap(),
         mr,
         Duration::from_secs(20),
     )
     .expect("connect over verbs and negotiate");
+    (provider, pool, c)
+}
+
+/// `serve --provider verbs` with the default idle mode (sleep on the
+/// completion channel after --idle-park-us): an idle connection's worker
+/// sleeps, and is woken by the server's own keepalive timer (the client
+/// sees the keepalives) and by messages that arrive after idle gaps.
+#[test]
+fn serve_over_verbs_idle_worker_sleeps_and_wakes_for_timers_and_messages() {
+    let _serial = serial();
+    let Some((d, listen)) = spawn_verbs(&["--keepalive-interval", "1"]) else {
+        return;
+    };
+    let (_provider, _pool, mut c) = verbs_client(&listen);
+    let sleeps = |d: &Daemon| field(&stats_json(d), "idle_sleeps");
+    // Idle: only the server's keepalive timer (1 s) makes work. Two
+    // keepalives must arrive while its worker sleeps in between.
+    let before = sleeps(&d);
+    let start = Instant::now();
+    while c.connection().stats().keepalives_received < 2
+        && start.elapsed() < Duration::from_secs(20)
+    {
+        c.step(&mut |_, _| panic!("no upper-layer message expected"))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let ka = c.connection().stats().keepalives_received;
+    assert!(
+        ka >= 2,
+        "server sent {ka} keepalives in {:?} with a 1 s interval",
+        start.elapsed()
+    );
+    let after = sleeps(&d);
+    assert!(
+        after > before,
+        "the idle worker never slept on its completion channel ({before} -> {after})"
+    );
+    // Messages after idle gaps wake it.
+    for i in 0..5u8 {
+        std::thread::sleep(Duration::from_millis(100));
+        let msg = [b'w', b'a', b'k', b'e', i];
+        c.send(&msg).unwrap();
+        assert!(
+            c.recv_with(Duration::from_secs(10), |m| m == msg).unwrap(),
+            "echo {i} after an idle gap"
+        );
+    }
+    let doc = stats_json(&d);
+    assert_eq!(field(&doc, "timeouts"), 0, "{doc}");
+    assert_eq!(field(&doc, "messages_in"), 5, "{doc}");
+    assert!(field(&doc, "idle_sleeps") > after, "{doc}");
+    let _ = c.close(Duration::from_secs(5));
+    terminate(d);
+}
+
+/// The same exchange over real verbs: runs where an RDMA device exists (the
+/// Soft-RoCE guest of `scripts/rxe-tests.sh` in CI, or real hardware), with
+/// `serve --provider verbs` on $RXE_IP (or 127.0.0.1 elsewhere).
+#[test]
+fn serve_over_verbs_echoes_and_returns_every_buffer() {
+    let _serial = serial();
+    let Some((d, listen)) = spawn_verbs(&[]) else {
+        return;
+    };
+    let (_provider, _pool, mut c) = verbs_client(&listen);
     for &size in &[1usize, 1340, 1341, 65_536, 1 << 20] {
         let msg: Vec<u8> = (0..size).map(|i| (i * 3 + size) as u8).collect();
         c.send(&msg).unwrap();
@@ -541,31 +614,12 @@ fn serve_over_verbs_echoes_and_returns_every_buffer() {
 #[test]
 fn serve_over_verbs_smb2_rdma_moves_data_to_and_from_the_store_blocks() {
     let _serial = serial();
-    use smbdirect_dataplane::provider::verbs::{devices, VerbsConfig, VerbsProvider};
+    use smbdirect_dataplane::provider::verbs::{VerbsConfig, VerbsProvider};
     use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
     use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
-    if devices().map(|d| d.is_empty()).unwrap_or(true) {
-        eprintln!("skipped: no RDMA device (runs in the rxe guest: scripts/rxe-tests.sh)");
+    let Some((d, listen)) = spawn_verbs(&["--upper", "smb2", "--store-size", "64M"]) else {
         return;
-    }
-    let ip = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = free_port();
-    let listen = format!("{ip}:{port}");
-    let d = spawn(
-        port,
-        &[
-            "--provider",
-            "verbs",
-            "--upper",
-            "smb2",
-            "--listen",
-            &listen,
-            "--pool-mem",
-            "96M",
-            "--store-size",
-            "64M",
-        ],
-    );
+    };
     let provider = VerbsProvider::open(VerbsConfig::default()).expect("open the RDMA device");
     let pool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
         .build()

@@ -67,6 +67,7 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         max_connections: 4,
         pool_mem: 96 << 20,
         idle_park: opts.idle_park,
+        idle: Default::default(),
         admin_socket: None,
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),

@@ -14,7 +14,7 @@ pub mod server;
 pub mod stats;
 pub mod users;
 
-pub use server::{start, RunningServer, ServerConfig, ServerError};
+pub use server::{start, IdleMode, RunningServer, ServerConfig, ServerError};
 pub use stats::ServerStats;
 pub mod cores;
 pub mod log;

@@ -15,6 +15,7 @@ use smbdirect_dataplane::provider::{
     CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, ProviderError, QpCaps, RecvWr,
 };
 use smbdirect_dataplane::upper::UpperLayer;
+pub use smbdirect_dataplane::worker::IdleMode;
 use smbdirect_dataplane::worker::{Worker, WorkerConfig};
 use smbdirect_hugepages::{Backing, BufId, PoolConfig};
 use smbdirect_protocol::smbd::negotiation::{evaluate_negotiate_request, NegotiateDecision};
@@ -44,8 +45,12 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Buffer pool budget in bytes.
     pub pool_mem: usize,
-    /// Worker idle policy.
+    /// Worker idle policy: busy-poll this long without work, then
+    /// `idle`.
     pub idle_park: Duration,
+    /// What an idle worker does after `idle_park` (sleep on the completion
+    /// queue where the provider can, or nap).
+    pub idle: IdleMode,
     /// Admin socket path (None: no admin socket).
     pub admin_socket: Option<PathBuf>,
     /// Print a stats line this often.
@@ -287,6 +292,7 @@ pub fn start<P: Provider, U: UpperLayer>(
                 core: *core,
                 smbd: cfg.smbd.clone(),
                 idle_park: cfg.idle_park,
+                idle: cfg.idle,
                 max_connections: per_worker,
                 shutdown_grace: cfg.shutdown_grace,
                 send_depth: caps.max_send_wr,

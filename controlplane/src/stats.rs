@@ -185,7 +185,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -201,6 +201,7 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.timeouts,
         t.sessions,
         t.opens,
-        t.qos_queued
+        t.qos_queued,
+        t.idle_sleeps
     );
 }

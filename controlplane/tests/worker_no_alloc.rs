@@ -182,6 +182,7 @@ fn server_config() -> ServerConfig {
         max_connections: 4,
         pool_mem: 96 << 20,
         idle_park: Duration::from_micros(200),
+        idle: Default::default(),
         admin_socket: None,
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),

@@ -248,6 +248,9 @@ pub struct WorkerStats {
     pub timeouts: AtomicU64,
     /// Poll-loop iterations that found work.
     pub busy_polls: AtomicU64,
+    /// Idle sleeps on the completion queue's wake-up descriptor (verbs;
+    /// [`crate::worker::IdleMode::Sleep`]).
+    pub idle_sleeps: AtomicU64,
     /// SMB2 sessions on this worker (upper-layer gauge).
     pub sessions: AtomicU64,
     /// SMB2 Opens on this worker (upper-layer gauge).
@@ -286,6 +289,7 @@ impl WorkerStats {
             sessions: g(&self.sessions),
             opens: g(&self.opens),
             qos_queued: g(&self.qos_queued),
+            idle_sleeps: g(&self.idle_sleeps),
         }
     }
 }
@@ -325,6 +329,8 @@ pub struct WorkerStatsSnapshot {
     pub opens: u64,
     /// Requests waiting in QoS queues.
     pub qos_queued: u64,
+    /// Idle sleeps on the completion queue's wake-up descriptor.
+    pub idle_sleeps: u64,
 }
 
 impl core::ops::AddAssign for WorkerStatsSnapshot {
@@ -345,5 +351,6 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.sessions += o.sessions;
         self.opens += o.opens;
         self.qos_queued += o.qos_queued;
+        self.idle_sleeps += o.idle_sleeps;
     }
 }

@@ -452,6 +452,14 @@ pub trait UpperLayer: Send + 'static {
         false
     }
 
+    /// Background work [`UpperLayer::poll`] must reap promptly (a store's
+    /// operations in flight, requests waiting for QoS tokens): while this
+    /// is true the worker never sleeps when idle (it naps at most). Cheap;
+    /// called only when the worker is about to sleep.
+    fn busy(&self) -> bool {
+        false
+    }
+
     /// A token passed to [`UpperIo::wake`] is due: `msg` is the message
     /// held under it ([`Replies::hold`]), if any. Same retry rule as
     /// [`UpperLayer::on_message`] (on `Err` the worker calls again later).

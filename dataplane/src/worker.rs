@@ -14,9 +14,23 @@
 //! ([`UpperLayer::on_rdma_complete`]) before any newer message, so it can
 //! reply. A failed RDMA operation fails its connection only.
 //!
-//! Idle policy: busy-poll, and only after `idle_park` without work park in
-//! short naps (so several processes can share a couple of cores in tests);
-//! any completion or ring message returns it to busy-polling at once.
+//! Idle policy: busy-poll, and only after `idle_park` without work stop
+//! spinning ([`IdleMode`]): by default, where the provider can wake a
+//! sleeper (verbs: a completion channel), sleep until the next completion
+//! or for [`IDLE_SLEEP`] at most, whichever comes first; elsewhere (the soft
+//! provider, or [`IdleMode::Nap`]) nap [`IDLE_NAP`] at a time. Any
+//! completion or ring message returns it to busy-polling at once. A sleep
+//! is taken only with nothing left to do but wait for the peer: no
+//! connection with messages, wakes or transmits waiting, no upper-layer
+//! background work ([`UpperLayer::busy`]: store operations in flight,
+//! requests queued for QoS tokens), nothing for the control plane, not
+//! shutting down. Sleeping follows the rdma-core pattern: arm the
+//! completion queue (`ibv_req_notify_cq`), run one more full iteration (a
+//! completion that arrived before the arm raises no event), then `poll(2)`
+//! the channel's descriptor; the events are read and acknowledged after.
+//! Ring messages from the control plane raise no wake-up: the bound of
+//! [`IDLE_SLEEP`] is the delay they may see (and the timers', which are
+//! scanned every millisecond anyway).
 
 use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{Delivery, Endpoint, EndpointError, Event, RDMA_OPS_PER_CONNECTION};
@@ -48,6 +62,22 @@ pub const POLL_BATCH: usize = 32;
 const CLOCK_IDLE_ITERATIONS: u32 = 16;
 /// Replies an upper layer may queue per message.
 const MAX_REPLIES: usize = 4;
+/// Longest idle sleep on the completion queue's descriptor: how late a
+/// control-plane ring message or a timer may be seen by a sleeping worker.
+pub const IDLE_SLEEP: Duration = Duration::from_millis(1);
+/// One idle nap where the worker cannot sleep on its completion queue.
+pub const IDLE_NAP: Duration = Duration::from_micros(50);
+
+/// What an idle worker does once `idle_park` has passed without work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleMode {
+    /// Sleep until the next completion ([`IDLE_SLEEP`] at most) where the
+    /// provider supports it ([`CompletionQueue::arm`]), else nap.
+    #[default]
+    Sleep,
+    /// Nap [`IDLE_NAP`] at a time, polling in between.
+    Nap,
+}
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -58,8 +88,10 @@ pub struct WorkerConfig {
     pub core: Option<usize>,
     /// SMB Direct parameters for new connections.
     pub smbd: SmbdConfig,
-    /// Busy-poll this long without work before napping.
+    /// Busy-poll this long without work before napping or sleeping.
     pub idle_park: Duration,
+    /// Nap or sleep once idle.
+    pub idle: IdleMode,
     /// Most connections this worker holds.
     pub max_connections: usize,
     /// After Shutdown, how long in-flight work may take before everything is
@@ -255,6 +287,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         // worked (see CLOCK_IDLE_ITERATIONS).
         let mut idle_iterations = 0u32;
         let mut worked = true;
+        // The completion queue was armed and one full iteration has run
+        // since without work: the worker may sleep.
+        let mut armed = false;
         loop {
             if worked || idle_iterations >= CLOCK_IDLE_ITERATIONS {
                 tick = nanos();
@@ -310,10 +345,30 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             worked = work;
             if work {
                 last_work = tick;
+                armed = false;
                 WorkerStats::add(&self.stats.busy_polls, 1);
             } else if tick.saturating_sub(last_work) >= idle_park {
-                std::thread::sleep(Duration::from_micros(50));
-                worked = true; // the nap was long: read the clock again
+                let fd = (self.cfg.idle == IdleMode::Sleep && self.may_sleep())
+                    .then(|| self.cq.arm())
+                    .flatten();
+                match fd {
+                    // Armed just now: one more iteration before sleeping.
+                    Some(_) if !armed => armed = true,
+                    Some(fd) => {
+                        sleep_on(fd, IDLE_SLEEP);
+                        self.cq.disarm();
+                        WorkerStats::add(&self.stats.idle_sleeps, 1);
+                        // Arm (a no-op if still armed) and look once more
+                        // before the next sleep.
+                        armed = false;
+                        worked = true; // read the clock again
+                    }
+                    None => {
+                        armed = false;
+                        std::thread::sleep(IDLE_NAP);
+                        worked = true; // the nap was long: read the clock again
+                    }
+                }
             } else {
                 std::hint::spin_loop();
             }
@@ -323,6 +378,32 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let _ = self.alloc.free(BufId::from_bits(bits));
         }
         self.stats.exited.store(true, Ordering::Release);
+    }
+
+    /// Nothing to do but wait for the peer (see the module docs).
+    fn may_sleep(&self) -> bool {
+        if self.shutdown_at.is_some()
+            || !self.orphans.is_empty()
+            || !self.pending_out.is_empty()
+            || !self.inbox.is_empty()
+            || self.upper.busy()
+        {
+            return false;
+        }
+        let mut from = 0;
+        while let Some(i) = next_set_bit(&self.occupied, from) {
+            from = i + 1;
+            if let Some(slot) = &self.slots[i] {
+                if slot.dirty
+                    || slot.closing.is_some()
+                    || !slot.deferred.is_empty()
+                    || !slot.wakes.is_empty()
+                {
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     fn refill_loans(&mut self) {
@@ -801,6 +882,22 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             slot.closing.get_or_insert(reason);
         }
     }
+}
+
+/// Sleeps until `fd` is readable or `timeout` has passed (`poll(2)`; an
+/// error or a signal just ends the sleep early).
+fn sleep_on(fd: std::os::fd::RawFd, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
 }
 
 /// The lowest set bit at or after `from` in the bitmap `bits` (bit `i` is

@@ -75,6 +75,7 @@ pub(crate) fn loopback_server_config(
         max_connections: opts.connections,
         pool_mem,
         idle_park: Duration::from_millis(100),
+        idle: Default::default(),
         admin_socket: None,
         stats_interval: None,
         shutdown_grace: Duration::from_secs(2),

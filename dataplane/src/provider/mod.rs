@@ -308,6 +308,21 @@ pub trait CompletionQueue: Send {
     /// Busy-poll: fills `out` with up to `out.len()` completions and returns
     /// how many. Never blocks, allocates or makes a syscall.
     fn poll(&mut self, out: &mut [Completion]) -> usize;
+
+    /// Idle sleep: asks for a wake-up at the next completion and returns
+    /// the descriptor that becomes readable then, or None when the provider
+    /// cannot wake a sleeper (the default; the worker naps instead). A
+    /// completion that arrived before the request raises no wake-up: poll
+    /// once more after arming before sleeping. Arming an armed queue is
+    /// harmless.
+    fn arm(&mut self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// Consumes the wake-ups raised since [`CompletionQueue::arm`] (after
+    /// the descriptor became readable or the sleep timed out), so the
+    /// descriptor is quiet until the next arm; never blocks.
+    fn disarm(&mut self) {}
 }
 
 /// A reliable-connected queue pair.

@@ -1,6 +1,44 @@
 //! The directory store (`--store DIR`): the share's files are files under a
-//! directory, and every file operation goes through io_uring, so a slow disk
-//! never blocks a worker.
+//! directory, and every file operation that may wait on a disk goes through
+//! io_uring, so a slow disk never blocks a worker. READ, WRITE and FLUSH of
+//! files on a memory file system are plain system calls instead (see
+//! "Memory file systems").
+//!
+//! # Memory file systems
+//! When the root is on tmpfs or ramfs (`fstatfs(2)` of the root at factory
+//! construction: TMPFS_MAGIC, RAMFS_MAGIC), READ and WRITE of files on the
+//! root's device are `pread(2)` and `pwrite(2)` on the worker, and FLUSH is
+//! `fsync(2)` (a no-op there). Such a file's data lives in the page cache
+//! and nowhere else, so a read or write is a copy to or from memory that
+//! never waits on a device: the same work io_uring would do, without its
+//! cost. That cost is large: these file systems do not declare
+//! non-blocking I/O (no `FMODE_NOWAIT` on Linux 6.1's tmpfs; writes on
+//! 6.18's still), so io_uring hands every READ and WRITE to an `iou-wrk`
+//! thread, a thread wake-up per I/O (measured: 4 KiB random reads through
+//! cifs.ko in the Soft-RoCE guest at 0.4 × ksmbd.ko's rate, which reads and
+//! writes tmpfs synchronously from its own thread). Nothing else changes:
+//! a READ still lands in a staging run kept in its slot until
+//! [`Store::copy_out`] or [`Store::cancel`] (its result is Ready at the
+//! first call), a WRITE is copied from the caller's bytes straight into the
+//! file (no staging run), EINTR is retried, short transfers are continued,
+//! errors map as on the ring (an error after some bytes read ends the READ
+//! with them), and the O_DIRECT descriptor is chosen as below. Nothing is
+//! allocated. Metadata (CREATE, STATX, listings, renames, unlinks,
+//! truncation where the ring has it) stays on the ring.
+//!
+//! Caveats, and why the choice is per file and can be turned off:
+//! - *Swap.* tmpfs pages can be swapped out; reading one back waits for
+//!   the swap device, and a write may wait for reclaim when memory is
+//!   short. On a server that swaps tmpfs, those waits block the worker
+//!   (and every connection on it). `serve --store-io uring`
+//!   ([`RwPath::Uring`]) keeps every READ and WRITE on io_uring; ramfs
+//!   never swaps.
+//! - *Mounts beneath the root.* Only files whose device (from the CREATE's
+//!   STATX) is the root's are done synchronously; a disk file system
+//!   mounted inside the share stays on io_uring.
+//! - The start-up line of `serve` says which path the store uses
+//!   ([`DirStoreFactory::rw_description`]); `stats` shows it in the store's
+//!   description.
 //!
 //! # Rings and operations
 //! Each worker's [`DirStore`] owns one ring ([`RING_ENTRIES`] submission
@@ -231,6 +269,39 @@ pub struct DirStoreFactory {
     staging: usize,
     caps: Caps,
     pending: Arc<PendingDeletes>,
+    /// The root's file system keeps its data in memory: its name.
+    memory_fs: Option<&'static str>,
+    /// The root's device ([`FileKey`]'s first half).
+    root_dev: u64,
+    rw: RwPath,
+}
+
+/// How READ and WRITE reach the files (`serve --store-io`; see "Memory
+/// file systems" in the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RwPath {
+    /// Synchronous `pread(2)`/`pwrite(2)` on the worker for files on the
+    /// root's file system when that keeps its data in memory (tmpfs,
+    /// ramfs); io_uring otherwise.
+    #[default]
+    Auto,
+    /// io_uring for every READ and WRITE.
+    Uring,
+}
+
+/// The name of a file system that keeps file data in memory, so a read or
+/// write of it is a copy to or from the page cache and never waits on a
+/// device (swap aside: see the module docs), by `f_type` of `statfs(2)`.
+fn memory_fs_name(f_type: i64) -> Option<&'static str> {
+    /// TMPFS_MAGIC and RAMFS_MAGIC of `linux/magic.h` (`f_type` is a
+    /// `c_long` or a `c_uint` by architecture: compared as i64).
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    match f_type {
+        TMPFS_MAGIC => Some("tmpfs"),
+        RAMFS_MAGIC => Some("ramfs"),
+        _ => None,
+    }
 }
 
 /// Why io_uring cannot be used, for an operator.
@@ -282,6 +353,35 @@ impl DirStoreFactory {
         }
         // SAFETY: `fd` was just opened and is owned by nobody else.
         let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: zeroed `statfs` is valid; a descriptor of ours.
+        let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor and out-pointer (O_PATH descriptors
+        // allow fstatfs).
+        let memory_fs = if unsafe { libc::fstatfs(root_fd.as_raw_fd(), &mut sfs) } == 0 {
+            memory_fs_name(sfs.f_type as i64)
+        } else {
+            None
+        };
+        // SAFETY: zeroed `statx` is valid.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor, empty path with AT_EMPTY_PATH, out-pointer.
+        if unsafe {
+            libc::statx(
+                root_fd.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                libc::STATX_BASIC_STATS,
+                &mut stx,
+            )
+        } < 0
+        {
+            return Err(format!(
+                "directory store: cannot stat {}: {}",
+                root.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        let root_dev = key_of(&stx).0;
         let ring = IoUring::new(8).map_err(|e| uring_unavailable(&e))?;
         let mut probe = Probe::new();
         ring.submitter()
@@ -316,7 +416,38 @@ impl DirStoreFactory {
             staging,
             caps,
             pending: Arc::default(),
+            memory_fs,
+            root_dev,
+            rw: RwPath::Auto,
         })
+    }
+
+    /// Chooses how READ and WRITE reach the files (default
+    /// [`RwPath::Auto`]).
+    pub fn with_rw_path(mut self, rw: RwPath) -> Self {
+        self.rw = rw;
+        self
+    }
+
+    /// The memory file system whose files are read and written
+    /// synchronously, or None (io_uring for every READ and WRITE).
+    pub fn sync_rw(&self) -> Option<&'static str> {
+        match self.rw {
+            RwPath::Auto => self.memory_fs,
+            RwPath::Uring => None,
+        }
+    }
+
+    /// How READ and WRITE are done, for the start-up log.
+    pub fn rw_description(&self) -> String {
+        match (self.sync_rw(), self.memory_fs) {
+            (Some(fs), _) => format!(
+                "{fs}: READ and WRITE synchronous on the worker (memory file system; \
+                 io_uring for mounts beneath the root and for metadata)"
+            ),
+            (None, Some(fs)) => format!("{fs}: READ and WRITE through io_uring (--store-io uring)"),
+            (None, None) => "READ and WRITE through io_uring".to_owned(),
+        }
     }
 
     /// A handle (what [`StoreFactory::handle`] boxes), or why its ring or
@@ -342,6 +473,9 @@ impl StoreFactory for DirStoreFactory {
         if self.direct {
             d.push_str(" (O_DIRECT)");
         }
+        if let Some(fs) = self.sync_rw() {
+            d.push_str(&format!(" ({fs}, synchronous READ/WRITE)"));
+        }
         d
     }
 }
@@ -362,6 +496,9 @@ struct File {
     key: FileKey,
     /// Unlink at close ([`Store::set_delete_on_close`]).
     delete_on_close: bool,
+    /// READ, WRITE and FLUSH by plain system calls (on the root's memory
+    /// file system: see "Memory file systems" in the module docs).
+    sync_rw: bool,
 }
 
 /// A run of staging chunks.
@@ -796,6 +933,9 @@ pub struct DirStore {
     deferred: Vec<PathOp>,
     /// VolumeLabel ([`Store::fs_info`]).
     label: String,
+    /// The device whose files are read and written synchronously (the
+    /// root's, when it is a memory file system).
+    sync_dev: Option<u64>,
 }
 
 impl std::fmt::Debug for DirStore {
@@ -807,6 +947,7 @@ impl std::fmt::Debug for DirStore {
             .field("open_files", &self.files.len())
             .field("in_flight", &self.in_flight)
             .field("staging_bytes", &self.staging.len())
+            .field("sync_dev", &self.sync_dev)
             .finish()
     }
 }
@@ -848,6 +989,7 @@ impl DirStore {
             pending: Arc::clone(&f.pending),
             deferred: Vec::new(),
             label: volume_label(&f.path),
+            sync_dev: f.sync_rw().map(|_| f.root_dev),
         })
     }
 
@@ -1360,6 +1502,7 @@ impl DirStore {
         if self.pending.contains(key) {
             return Err(self.open_fail(slot, StoreError::DeletePending));
         }
+        let sync_rw = !info.is_dir && self.sync_dev == Some(key.0);
         let op = self.open_op(slot);
         let file = File {
             fd: op.fd,
@@ -1369,6 +1512,7 @@ impl DirStore {
             path: std::mem::take(&mut op.share_path),
             key,
             delete_on_close: false,
+            sync_rw,
         };
         let action = op.action;
         match self.files.insert(file) {
@@ -1657,6 +1801,16 @@ impl Store for DirStore {
             Some(p) => p,
             None => match self.files.get(h) {
                 Err(e) => Poll::Ready(Err(e)),
+                Ok(f) if f.sync_rw => {
+                    // A memory file system: nothing to make durable, no
+                    // device to wait on (fsync(2) returns at once).
+                    // SAFETY: an open descriptor of ours.
+                    if unsafe { libc::fsync(f.fd) } < 0 {
+                        Poll::Ready(Err(errno_error(last_errno())))
+                    } else {
+                        Poll::Ready(Ok(Out::Unit))
+                    }
+                }
                 Ok(f) => {
                     let e = opcode::Fsync::new(types::Fd(f.fd)).build();
                     self.start(tag, Kind::Fsync, e)
@@ -1891,14 +2045,14 @@ impl DirStore {
         len: u32,
         data: Option<&[u8]>,
     ) -> Poll<Out> {
-        match self.files.get(h) {
+        let sync = match self.files.get(h) {
             Err(e) => return Poll::Ready(Err(e)),
             Ok(f) if f.is_dir => return Poll::Ready(Err(StoreError::IsADirectory)),
             Ok(f) if data.is_some() && !f.writable => {
                 return Poll::Ready(Err(StoreError::Io(libc::EACCES)))
             }
-            Ok(_) => {}
-        }
+            Ok(f) => f.sync_rw,
+        };
         if len == 0 {
             return Poll::Ready(Ok(Out::Count(0)));
         }
@@ -1907,6 +2061,12 @@ impl DirStore {
             .map_or(true, |end| end > i64::MAX as u64)
         {
             return Poll::Ready(Err(StoreError::Io(libc::EINVAL)));
+        }
+        if sync {
+            return match data {
+                Some(d) => self.write_now(h, offset, d),
+                None => self.read_now(tag, h, offset, len),
+            };
         }
         let Some(stage) = self.staging.alloc(len as usize) else {
             return Poll::Ready(Err(StoreError::Busy));
@@ -1949,6 +2109,120 @@ impl DirStore {
                 Poll::Ready(Err(e))
             }
         }
+    }
+}
+
+/// Repeats `op(done)` (a `pread(2)` or `pwrite(2)` of what follows the
+/// first `done` bytes) until `len` bytes are done, it returns 0 (the end
+/// of the file, or a write that wrote nothing) or fails with an errno other
+/// than EINTR; returns the bytes done and that errno.
+fn transfer(len: usize, mut op: impl FnMut(usize) -> isize) -> (usize, Option<i32>) {
+    let mut done = 0;
+    while done < len {
+        let n = op(done);
+        if n < 0 {
+            match last_errno() {
+                libc::EINTR => continue,
+                e => return (done, Some(e)),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    (done, None)
+}
+
+/// READ and WRITE by plain system calls, for files on a memory file system
+/// (see "Memory file systems" in the module docs).
+impl DirStore {
+    /// `pread(2)` into a staging run kept in a slot until `copy_out` (or
+    /// `cancel`), as a finished io_uring READ is; EINTR is retried, a
+    /// short read is continued until the end of the file, and an error
+    /// after some bytes ends the read with them (as on the ring).
+    fn read_now(&mut self, tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<Out> {
+        let Some(stage) = self.staging.alloc(len as usize) else {
+            return Poll::Ready(Err(StoreError::Busy));
+        };
+        let kind = Kind::Read {
+            h,
+            stage,
+            offset,
+            len,
+            got: 0,
+        };
+        let slot = match self.alloc_slot(tag, kind) {
+            Ok(s) => s,
+            Err(e) => {
+                self.staging.free(stage);
+                return Poll::Ready(Err(e));
+            }
+        };
+        let buf = self.staging.ptr(stage);
+        let (got, failed) = match self.files.get(h) {
+            Ok(file) => {
+                let fd = Self::io_fd(file, offset, len, buf);
+                transfer(len as usize, |done| {
+                    // SAFETY: the run holds at least `len` bytes and no I/O
+                    // uses it; the offset fits an off_t (checked by the
+                    // caller).
+                    unsafe {
+                        libc::pread(
+                            fd,
+                            buf.add(done).cast(),
+                            len as usize - done,
+                            (offset + done as u64) as libc::off_t,
+                        )
+                    }
+                })
+            }
+            Err(_) => (0, None),
+        };
+        let got = got as u32;
+        if let Kind::Read { got: g, .. } = &mut self.ops[slot].kind {
+            *g = got;
+        }
+        let result = match failed {
+            Some(e) if got == 0 => Err(errno_error(e)),
+            _ => Ok(Out::Count(got)),
+        };
+        if result.is_ok() {
+            self.ops[slot].result = Some(result);
+        } else {
+            self.tags.remove(&tag);
+            self.release_slot(slot);
+        }
+        Poll::Ready(result)
+    }
+
+    /// `pwrite(2)` straight from the caller's bytes (no staging); EINTR is
+    /// retried, a short write continued; errors are the ring's.
+    fn write_now(&mut self, h: Handle, offset: u64, data: &[u8]) -> Poll<Out> {
+        let fd = match self.files.get(h) {
+            Ok(file) => Self::io_fd(file, offset, data.len() as u32, data.as_ptr()),
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let (put, failed) = transfer(data.len(), |done| {
+            // SAFETY: `data[done..]` is readable caller memory; the offset
+            // fits an off_t (checked by the caller).
+            unsafe {
+                libc::pwrite(
+                    fd,
+                    data.as_ptr().add(done).cast(),
+                    data.len() - done,
+                    (offset + done as u64) as libc::off_t,
+                )
+            }
+        });
+        if let Some(e) = failed {
+            return Poll::Ready(Err(errno_error(e)));
+        }
+        if put < data.len() {
+            // pwrite(2) wrote nothing: as a WRITE CQE of 0 on the ring.
+            return Poll::Ready(Err(StoreError::Io(libc::EIO)));
+        }
+        Poll::Ready(Ok(Out::Count(put as u32)))
     }
 }
 
@@ -2589,19 +2863,53 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
 
-    /// A directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
+    /// Which READ/WRITE path a test's store uses.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Backing {
+        /// A directory of the system temp dir, `RwPath::Uring`: every READ
+        /// and WRITE through io_uring whatever the file system.
+        Uring,
+        /// A directory on /dev/shm (tmpfs), `RwPath::Auto`: READ and WRITE
+        /// synchronous.
+        Memory,
+    }
+
+    /// Where memory-backed test directories go.
+    const SHM: &str = "/dev/shm";
+
+    /// Whether /dev/shm is a memory file system here (else the Memory
+    /// variants say they are skipped and pass).
+    fn shm_is_memory() -> bool {
+        let c = CString::new(SHM).unwrap();
+        // SAFETY: zeroed statfs is valid; a valid path and out-pointer.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0;
+        let memory = ok && memory_fs_name(st.f_type as i64).is_some();
+        if !memory {
+            eprintln!(
+                "skipped: {SHM} is not a tmpfs or ramfs here: the synchronous path is not tested"
+            );
+        }
+        memory
+    }
+
+    /// A test directory, removed on drop.
+    struct TempDir(PathBuf, Backing);
 
     impl TempDir {
-        fn new(name: &str) -> Self {
+        fn new(b: Backing, name: &str) -> Self {
             static N: AtomicU32 = AtomicU32::new(0);
-            let p = std::env::temp_dir().join(format!(
+            let base = match b {
+                Backing::Uring => std::env::temp_dir(),
+                Backing::Memory => PathBuf::from(SHM),
+            };
+            let p = base.join(format!(
                 "smbdirectd-dirstore-{}-{}-{name}",
                 std::process::id(),
                 N.fetch_add(1, Ordering::Relaxed)
             ));
             std::fs::create_dir_all(&p).unwrap();
-            TempDir(p)
+            TempDir(p, b)
         }
     }
 
@@ -2611,11 +2919,24 @@ mod tests {
         }
     }
 
+    fn factory(dir: &TempDir, direct: bool) -> DirStoreFactory {
+        let f = DirStoreFactory::with_staging(&dir.0, direct, 4 << 20).unwrap();
+        match dir.1 {
+            Backing::Uring => f.with_rw_path(RwPath::Uring),
+            Backing::Memory => {
+                assert!(
+                    f.sync_rw().is_some(),
+                    "{}: {}",
+                    dir.0.display(),
+                    f.rw_description()
+                );
+                f
+            }
+        }
+    }
+
     fn store(dir: &TempDir, direct: bool) -> DirStore {
-        DirStoreFactory::with_staging(&dir.0, direct, 4 << 20)
-            .unwrap()
-            .store()
-            .unwrap()
+        factory(dir, direct).store().unwrap()
     }
 
     /// Repeats `call` until Ready, polling until `tag` is reported between
@@ -2692,10 +3013,9 @@ mod tests {
         assert!(s.staging.used.iter().all(|&w| w == 0), "staging leaked");
     }
 
-    #[test]
-    fn every_disposition_on_missing_and_existing_files() {
+    fn every_disposition_on_missing_and_existing_files(b: Backing) {
         use Disposition::*;
-        let dir = TempDir::new("dispositions");
+        let dir = TempDir::new(b, "dispositions");
         let mut s = store(&dir, false);
         assert_eq!(open(&mut s, "a", Open), Err(StoreError::NotFound));
         assert_eq!(open(&mut s, "a", Overwrite), Err(StoreError::NotFound));
@@ -2727,9 +3047,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn write_then_read_back() {
-        let dir = TempDir::new("rw");
+    fn write_then_read_back(b: Backing) {
+        let dir = TempDir::new(b, "rw");
         let mut s = store(&dir, false);
         let (h, _, info) = open_req(&mut s, &req("data.bin", Disposition::Create)).unwrap();
         assert!(!info.is_dir && info.size == 0 && info.creation_time > 0);
@@ -2753,9 +3072,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn direct_io_round_trip_when_the_file_system_allows_it() {
-        let dir = TempDir::new("direct");
+    fn direct_io_round_trip_when_the_file_system_allows_it(b: Backing) {
+        let dir = TempDir::new(b, "direct");
         let mut s = store(&dir, true);
         let (h, _) = open(&mut s, "d.bin", Disposition::Create).unwrap();
         let file = s.files.get(h).unwrap();
@@ -2782,10 +3100,9 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn paths_leaving_the_root_are_refused() {
-        let dir = TempDir::new("confine");
-        let outside = TempDir::new("outside");
+    fn paths_leaving_the_root_are_refused(b: Backing) {
+        let dir = TempDir::new(b, "confine");
+        let outside = TempDir::new(b, "outside");
         std::fs::write(outside.0.join("secret"), b"x").unwrap();
         std::os::unix::fs::symlink(&outside.0, dir.0.join("out")).unwrap();
         std::os::unix::fs::symlink(outside.0.join("secret"), dir.0.join("s")).unwrap();
@@ -2812,10 +3129,9 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn directories_and_missing_parents() {
+    fn directories_and_missing_parents(b: Backing) {
         use Disposition::*;
-        let dir = TempDir::new("dirs");
+        let dir = TempDir::new(b, "dirs");
         let mut s = store(&dir, false);
         let (root, a, info) = open_req(
             &mut s,
@@ -2897,9 +3213,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn truncate_through_the_ring_and_through_the_fallback() {
-        let dir = TempDir::new("truncate");
+    fn truncate_through_the_ring_and_through_the_fallback(b: Backing) {
+        let dir = TempDir::new(b, "truncate");
         let mut s = store(&dir, false);
         for ring in [true, false] {
             s.caps.ftruncate = ring && s.caps.ftruncate;
@@ -2925,7 +3240,7 @@ mod tests {
 
     #[test]
     fn pending_then_poll_reports_the_tag_then_ready() {
-        let dir = TempDir::new("pending");
+        let dir = TempDir::new(Backing::Uring, "pending");
         let mut s = store(&dir, false);
         let (h, _) = open(&mut s, "p", Disposition::Create).unwrap();
         assert_eq!(s.write(77, h, 0, b"abc"), Poll::Pending);
@@ -2952,7 +3267,7 @@ mod tests {
 
     #[test]
     fn cancel_with_an_operation_in_flight_leaks_nothing() {
-        let dir = TempDir::new("cancel");
+        let dir = TempDir::new(Backing::Uring, "cancel");
         let mut s = store(&dir, false);
         let (h, _) = open(&mut s, "c", Disposition::Create).unwrap();
         write(&mut s, h, 0, &[1; 100_000]).unwrap();
@@ -2987,14 +3302,19 @@ mod tests {
         assert!(dir.0.join("c2").exists(), "the cancelled CREATE still ran");
     }
 
-    #[test]
-    fn stale_handles_and_exhausted_staging() {
-        let dir = TempDir::new("stale");
+    fn stale_handles_and_exhausted_staging(b: Backing) {
+        let dir = TempDir::new(b, "stale");
         let mut s = store(&dir, false);
         let (h, _) = open(&mut s, "x", Disposition::Create).unwrap();
         // Larger than the slab, then two reads that fill it.
         assert_eq!(s.read(1, h, 0, 5 << 20), Poll::Ready(Err(StoreError::Busy)));
-        assert_eq!(s.read(1, h, 0, 3 << 20), Poll::Pending);
+        // Running on the ring; done at once (the run held until copy_out)
+        // on the synchronous path.
+        let first = s.read(1, h, 0, 3 << 20);
+        match b {
+            Backing::Uring => assert_eq!(first, Poll::Pending),
+            Backing::Memory => assert_eq!(first, Poll::Ready(Ok(0))),
+        }
         assert_eq!(s.read(2, h, 0, 2 << 20), Poll::Ready(Err(StoreError::Busy)));
         assert_eq!(drive(&mut s, 1, |s| s.read(1, h, 0, 3 << 20)), Ok(0));
         s.copy_out(1, h, 0, &mut []);
@@ -3005,6 +3325,10 @@ mod tests {
         assert_eq!(s.flush(3, h), Poll::Ready(Err(StoreError::Closed)));
         assert_eq!(s.truncate(3, h, 0), Poll::Ready(Err(StoreError::Closed)));
         s.close(h);
+        // Something on the file system (an empty tmpfs uses no blocks).
+        let (y, _) = open(&mut s, "y", Disposition::Create).unwrap();
+        assert_eq!(write(&mut s, y, 0, &[1; 4096]), Ok(4096));
+        s.close(y);
         assert_idle(&s);
         assert!(s.usage().0 > 0 && s.usage().1.is_none());
     }
@@ -3031,9 +3355,8 @@ mod tests {
         mkdir(s, "", Disposition::Open).unwrap().0
     }
 
-    #[test]
-    fn rename_refuses_an_existing_target_unless_replacing() {
-        let dir = TempDir::new("rename");
+    fn rename_refuses_an_existing_target_unless_replacing(b: Backing) {
+        let dir = TempDir::new(b, "rename");
         let mut s = store(&dir, false);
         for ring in [true, false] {
             // Through IORING_OP_RENAMEAT, then through renameat2(2).
@@ -3066,9 +3389,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn rename_across_directories_carries_open_paths_along() {
-        let dir = TempDir::new("rename-dirs");
+    fn rename_across_directories_carries_open_paths_along(b: Backing) {
+        let dir = TempDir::new(b, "rename-dirs");
         let mut s = store(&dir, false);
         let (d1, _) = mkdir(&mut s, "d1", Disposition::Create).unwrap();
         let (d2, _) = mkdir(&mut s, "d2", Disposition::Create).unwrap();
@@ -3111,10 +3433,9 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn rename_targets_stay_beneath_the_root() {
-        let dir = TempDir::new("rename-confine");
-        let outside = TempDir::new("rename-outside");
+    fn rename_targets_stay_beneath_the_root(b: Backing) {
+        let dir = TempDir::new(b, "rename-confine");
+        let outside = TempDir::new(b, "rename-outside");
         std::fs::write(outside.0.join("secret"), b"keep").unwrap();
         std::os::unix::fs::symlink(&outside.0, dir.0.join("out")).unwrap();
         std::os::unix::fs::symlink(outside.0.join("secret"), dir.0.join("s")).unwrap();
@@ -3139,9 +3460,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn a_stale_path_is_read_back_from_proc() {
-        let dir = TempDir::new("stale-path");
+    fn a_stale_path_is_read_back_from_proc(b: Backing) {
+        let dir = TempDir::new(b, "stale-path");
         let f1 = DirStoreFactory::with_staging(&dir.0, false, 4 << 20).unwrap();
         let mut s = f1.store().unwrap();
         let mut other = f1.store().unwrap();
@@ -3170,9 +3490,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn listing_a_thousand_files_is_sorted_and_skips_what_cannot_be_named() {
-        let dir = TempDir::new("list");
+    fn listing_a_thousand_files_is_sorted_and_skips_what_cannot_be_named(b: Backing) {
+        let dir = TempDir::new(b, "list");
         let many = dir.0.join("many");
         std::fs::create_dir(&many).unwrap();
         for i in 0..1000u32 {
@@ -3222,9 +3541,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn delete_on_close_waits_for_the_last_handle() {
-        let dir = TempDir::new("doc");
+    fn delete_on_close_waits_for_the_last_handle(b: Backing) {
+        let dir = TempDir::new(b, "doc");
         let mut s = store(&dir, false);
         for ring in [true, false] {
             // Through IORING_OP_UNLINKAT, then through unlinkat(2).
@@ -3272,9 +3590,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn delete_on_close_of_empty_and_non_empty_directories() {
-        let dir = TempDir::new("doc-dirs");
+    fn delete_on_close_of_empty_and_non_empty_directories(b: Backing) {
+        let dir = TempDir::new(b, "doc-dirs");
         let mut s = store(&dir, false);
         let (full, _) = mkdir(&mut s, "full", Disposition::Create).unwrap();
         let (f, _) = open(&mut s, "full\\f", Disposition::Create).unwrap();
@@ -3300,9 +3617,8 @@ mod tests {
         assert!(!dir.0.join("g").exists());
     }
 
-    #[test]
-    fn set_info_times_and_readonly_show_in_stat() {
-        let dir = TempDir::new("set-info");
+    fn set_info_times_and_readonly_show_in_stat(b: Backing) {
+        let dir = TempDir::new(b, "set-info");
         let mut s = store(&dir, false);
         let (h, _) = open(&mut s, "t", Disposition::Create).unwrap();
         let before = drive(&mut s, 4, |s| s.stat(4, h)).unwrap();
@@ -3370,9 +3686,8 @@ mod tests {
         assert_idle(&s);
     }
 
-    #[test]
-    fn fs_info_describes_the_root_file_system() {
-        let dir = TempDir::new("fs-info");
+    fn fs_info_describes_the_root_file_system(b: Backing) {
+        let dir = TempDir::new(b, "fs-info");
         let s = store(&dir, false);
         let fs = s.fs_info();
         assert!(
@@ -3401,7 +3716,7 @@ mod tests {
 
     #[test]
     fn factory_refuses_what_is_not_a_directory() {
-        let dir = TempDir::new("factory");
+        let dir = TempDir::new(Backing::Uring, "factory");
         assert!(DirStoreFactory::new(&dir.0.join("missing"), false).is_err());
         std::fs::write(dir.0.join("file"), b"").unwrap();
         let e = DirStoreFactory::new(&dir.0.join("file"), false).unwrap_err();
@@ -3411,4 +3726,213 @@ mod tests {
         let s = f.handle(0);
         assert_eq!(s.in_flight(), 0);
     }
+
+    #[test]
+    fn memory_file_systems_are_read_and_written_synchronously_unless_told_otherwise() {
+        let disk = TempDir::new(Backing::Uring, "path-disk");
+        let f = DirStoreFactory::new(&disk.0, false).unwrap();
+        match f.memory_fs {
+            None => {
+                assert_eq!(f.sync_rw(), None);
+                assert!(
+                    f.rw_description().contains("io_uring"),
+                    "{}",
+                    f.rw_description()
+                );
+                assert!(!f.describe().contains("synchronous"), "{}", f.describe());
+            }
+            Some(fs) => eprintln!("note: the temp dir is on {fs}: its Auto case is the memory one"),
+        }
+        if !shm_is_memory() {
+            return;
+        }
+        let shm = TempDir::new(Backing::Memory, "path-shm");
+        let f = DirStoreFactory::new(&shm.0, false).unwrap();
+        assert!(matches!(f.sync_rw(), Some("tmpfs" | "ramfs")), "{f:?}");
+        assert!(
+            f.describe().ends_with(", synchronous READ/WRITE)"),
+            "{}",
+            f.describe()
+        );
+        assert!(f.rw_description().contains("synchronous"));
+        let s = f.store().unwrap();
+        assert_eq!(s.sync_dev, Some(f.root_dev));
+        // The override keeps io_uring.
+        let f = f.with_rw_path(RwPath::Uring);
+        assert_eq!(f.sync_rw(), None);
+        assert!(f.rw_description().contains("--store-io uring"));
+        assert_eq!(f.store().unwrap().sync_dev, None);
+        assert_eq!(memory_fs_name(0x0102_1994), Some("tmpfs"));
+        assert_eq!(memory_fs_name(0x8584_58f6), Some("ramfs"));
+        assert_eq!(memory_fs_name(0xEF53), None); // ext2/3/4
+    }
+
+    #[test]
+    fn synchronous_reads_and_writes_finish_at_once_with_short_reads_at_the_end() {
+        if !shm_is_memory() {
+            return;
+        }
+        let dir = TempDir::new(Backing::Memory, "sync-rw");
+        let mut s = store(&dir, false);
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        assert!(s.files.get(h).unwrap().sync_rw);
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        // WRITE: Ready at the first call, nothing in flight, no staging.
+        assert_eq!(s.write(5, h, 0, &data), Poll::Ready(Ok(100_000)));
+        assert_eq!(s.in_flight(), 0);
+        assert_idle(&s);
+        assert_eq!(std::fs::read(dir.0.join("f")).unwrap(), data);
+        // A write past the end grows the file, zero-filled.
+        assert_eq!(s.write(5, h, 200_000, b"end"), Poll::Ready(Ok(3)));
+        assert_eq!(size(&mut s, h), 200_003);
+        // READ: Ready at once; its staging run waits for copy_out.
+        assert_eq!(s.read(6, h, 99_990, 20), Poll::Ready(Ok(20)));
+        assert_eq!(s.in_flight(), 0);
+        assert!(s.tags.contains_key(&6), "the result waits for copy_out");
+        // A repeated call returns the same result.
+        assert_eq!(s.read(6, h, 99_990, 20), Poll::Ready(Ok(20)));
+        let mut out = [0xAAu8; 20];
+        s.copy_out(6, h, 99_990, &mut out);
+        assert_eq!(&out[..10], &data[99_990..]);
+        assert_eq!(&out[10..], &[0; 10]);
+        assert_idle(&s);
+        // Short at the end of file, 0 at and past it.
+        assert_eq!(s.read(7, h, 200_000, 4096), Poll::Ready(Ok(3)));
+        let mut out = [0u8; 3];
+        s.copy_out(7, h, 200_000, &mut out);
+        assert_eq!(&out, b"end");
+        assert_eq!(s.read(7, h, 200_003, 4096), Poll::Ready(Ok(0)));
+        s.cancel(7);
+        assert_eq!(s.read(7, h, 1 << 40, 4096), Poll::Ready(Ok(0)));
+        s.cancel(7);
+        assert_eq!(s.read(7, h, 0, 0), Poll::Ready(Ok(0)));
+        // Beyond the largest offset: EINVAL, as on the ring.
+        assert_eq!(
+            s.read(8, h, i64::MAX as u64, 2),
+            Poll::Ready(Err(StoreError::Io(libc::EINVAL)))
+        );
+        // FLUSH completes at once.
+        assert_eq!(s.flush(9, h), Poll::Ready(Ok(())));
+        assert_idle(&s);
+        // A read-only open refuses WRITE before any system call.
+        let ro = dir.0.join("ro");
+        std::fs::write(&ro, b"x").unwrap();
+        std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+        let (r, _) = open(&mut s, "ro", Disposition::Open).unwrap();
+        if !s.files.get(r).unwrap().writable {
+            assert_eq!(
+                s.write(10, r, 0, b"y"),
+                Poll::Ready(Err(StoreError::Io(libc::EACCES)))
+            );
+        } else {
+            eprintln!("note: running as root: the read-only file opened O_RDWR");
+        }
+        s.close(r);
+        s.close(h);
+        settle(&mut s);
+        assert_idle(&s);
+    }
+
+    #[test]
+    fn synchronous_errors_map_as_on_the_ring_and_cancel_releases_at_once() {
+        if !shm_is_memory() {
+            return;
+        }
+        let dir = TempDir::new(Backing::Memory, "sync-err");
+        let mut s = store(&dir, false);
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        assert_eq!(s.write(1, h, 0, &[3; 8192]), Poll::Ready(Ok(8192)));
+        // Swap in a directory's descriptor: pread(2) fails with EISDIR and
+        // pwrite(2) with EBADF (opened read-only), mapped by errno_error.
+        let c = CString::new(dir.0.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid path; the result is checked.
+        let dfd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        assert!(dfd >= 0);
+        let fd = std::mem::replace(&mut s.files.get_mut(h).unwrap().fd, dfd);
+        assert_eq!(
+            s.read(2, h, 0, 4096),
+            Poll::Ready(Err(StoreError::IsADirectory))
+        );
+        assert_eq!(
+            s.write(3, h, 0, b"z"),
+            Poll::Ready(Err(StoreError::Io(libc::EBADF)))
+        );
+        assert_idle(&s); // a failed read keeps nothing
+        s.files.get_mut(h).unwrap().fd = fd;
+        // SAFETY: ours, closed once.
+        unsafe { libc::close(dfd) };
+        // A Ready read holds its staging run until copy_out or cancel:
+        // the slab (4 MiB) cannot take a second 2 MiB run meanwhile.
+        assert_eq!(s.read(4, h, 0, 3 << 20), Poll::Ready(Ok(8192)));
+        assert_eq!(s.read(5, h, 0, 2 << 20), Poll::Ready(Err(StoreError::Busy)));
+        // Cancelled (its result never collected): released at once, the
+        // tag free for a new operation.
+        s.cancel(4);
+        assert_idle(&s);
+        assert_eq!(s.read(5, h, 0, 2 << 20), Poll::Ready(Ok(8192)));
+        assert_eq!(s.read(4, h, 4096, 10), Poll::Ready(Ok(10)));
+        let mut out = [0u8; 10];
+        s.copy_out(4, h, 4096, &mut out);
+        assert_eq!(out, [3; 10]);
+        s.cancel(5);
+        // A stale handle and a directory.
+        let (d, _) = mkdir(&mut s, "d", Disposition::Create).unwrap();
+        assert_eq!(
+            s.read(6, d, 0, 1),
+            Poll::Ready(Err(StoreError::IsADirectory))
+        );
+        s.close(d);
+        s.close(h);
+        assert_eq!(s.read(6, h, 0, 1), Poll::Ready(Err(StoreError::Closed)));
+        assert_eq!(s.write(6, h, 0, b"x"), Poll::Ready(Err(StoreError::Closed)));
+        settle(&mut s);
+        assert_idle(&s);
+    }
+
+    /// Each test over a directory runs on both READ/WRITE paths:
+    /// `...::uring` through io_uring, `...::memory` synchronously on tmpfs.
+    macro_rules! on_both_paths {
+        ($($name:ident),* $(,)?) => {
+            mod on_both_paths {
+                $(
+                    mod $name {
+                        #[test]
+                        fn uring() {
+                            super::super::$name(super::super::Backing::Uring);
+                        }
+                        #[test]
+                        fn memory() {
+                            if super::super::shm_is_memory() {
+                                super::super::$name(super::super::Backing::Memory);
+                            }
+                        }
+                    }
+                )*
+            }
+        };
+    }
+
+    on_both_paths!(
+        every_disposition_on_missing_and_existing_files,
+        write_then_read_back,
+        direct_io_round_trip_when_the_file_system_allows_it,
+        paths_leaving_the_root_are_refused,
+        directories_and_missing_parents,
+        truncate_through_the_ring_and_through_the_fallback,
+        stale_handles_and_exhausted_staging,
+        rename_refuses_an_existing_target_unless_replacing,
+        rename_across_directories_carries_open_paths_along,
+        rename_targets_stay_beneath_the_root,
+        a_stale_path_is_read_back_from_proc,
+        listing_a_thousand_files_is_sorted_and_skips_what_cannot_be_named,
+        delete_on_close_waits_for_the_last_handle,
+        delete_on_close_of_empty_and_non_empty_directories,
+        set_info_times_and_readonly_show_in_stat,
+        fs_info_describes_the_root_file_system,
+    );
 }

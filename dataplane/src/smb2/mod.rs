@@ -2450,6 +2450,11 @@ impl UpperLayer for Smb2Server {
         core.gauges_dirty = true;
     }
 
+    /// Store operations in flight or requests queued for QoS tokens.
+    fn busy(&self) -> bool {
+        self.core.store.in_flight() > 0 || !self.core.qos.sched.is_idle()
+    }
+
     fn poll(&mut self, now: PInstant, io: &mut UpperIo<'_>) -> bool {
         let core = &mut self.core;
         core.now = now;

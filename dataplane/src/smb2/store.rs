@@ -456,7 +456,7 @@ pub fn valid_path(path: &str) -> bool {
         })
 }
 
-pub use super::dirstore::{DirStore, DirStoreFactory};
+pub use super::dirstore::{DirStore, DirStoreFactory, RwPath};
 pub use super::memstore::{MemStore, MemStoreFactory};
 
 /// Whether a directory may be opened or created with `disposition`.

@@ -1,5 +1,12 @@
 //! Completion queues: `ibv_poll_cq` into a fixed array, translated through
 //! the queue pairs' shadow rings.
+//!
+//! Each CQ is created with its own completion channel (non-blocking
+//! descriptor) so an idle worker can sleep until the next completion
+//! ([`CompletionQueue::arm`]: `ibv_req_notify_cq`; [`CompletionQueue::disarm`]:
+//! `ibv_get_cq_event` until EAGAIN, each event acknowledged at once with
+//! `ibv_ack_cq_events`, so destroying the CQ never waits for an
+//! acknowledgement).
 
 use std::collections::VecDeque;
 use std::io;
@@ -53,6 +60,8 @@ struct Registry {
 /// The part of a completion queue queue pairs share (from any thread).
 pub(super) struct CqShared {
     cq: *mut ibv_cq,
+    /// The CQ's completion channel (destroyed after the CQ).
+    channel: *mut ibv_comp_channel,
     capacity: u32,
     registry: Mutex<Registry>,
     synthetic: Mutex<VecDeque<Completion>>,
@@ -135,8 +144,12 @@ impl CqShared {
 impl Drop for CqShared {
     fn drop(&mut self) {
         // SAFETY: every queue pair using the CQ holds an Arc of this, so none
-        // is left; the CQ is destroyed once.
-        unsafe { ibv_destroy_cq(self.cq) };
+        // is left; the CQ is destroyed once, then its channel (every event
+        // read was acknowledged at once).
+        unsafe {
+            ibv_destroy_cq(self.cq);
+            ibv_destroy_comp_channel(self.channel);
+        }
     }
 }
 
@@ -154,6 +167,8 @@ pub struct VerbsCq {
     with_inv: u32,
     /// rxe: a receive's `LOC_QP_OP_ERR` is a length error.
     length_error_as_qp_op_error: bool,
+    /// A wake-up was requested and its event not read yet.
+    armed: bool,
 }
 
 impl std::fmt::Debug for VerbsCq {
@@ -173,21 +188,45 @@ impl VerbsCq {
                 device.name()
             )));
         }
-        // SAFETY: the context is open; the CQ is destroyed by CqShared::drop.
-        let cq = unsafe {
-            ibv_create_cq(
-                device.ctx(),
-                entries as i32,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        if cq.is_null() {
+        // SAFETY: the context is open; the channel is destroyed by
+        // CqShared::drop (or below on failure).
+        let channel = unsafe { ibv_create_comp_channel(device.ctx()) };
+        if channel.is_null() {
             return Err(ProviderError::Other(format!(
-                "ibv_create_cq({}, {entries}): {}",
+                "ibv_create_comp_channel({}): {}",
                 device.name(),
                 io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: the channel is live; its descriptor is ours to configure
+        // (non-blocking: `disarm` reads events until EAGAIN).
+        let nonblocking = unsafe {
+            let fd = (*channel).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        // SAFETY: the context and channel are open; the CQ is destroyed by
+        // CqShared::drop.
+        let cq = if nonblocking {
+            unsafe {
+                ibv_create_cq(
+                    device.ctx(),
+                    entries as i32,
+                    std::ptr::null_mut(),
+                    channel,
+                    0,
+                )
+            }
+        } else {
+            std::ptr::null_mut()
+        };
+        if cq.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: no CQ uses the channel.
+            unsafe { ibv_destroy_comp_channel(channel) };
+            return Err(ProviderError::Other(format!(
+                "ibv_create_cq({}, {entries}): {e}",
+                device.name(),
             )));
         }
         // SAFETY: `cq` is live; the provider may round the size up.
@@ -201,6 +240,7 @@ impl VerbsCq {
         };
         let shared = Arc::new(CqShared {
             cq,
+            channel,
             capacity,
             registry: Mutex::new(registry),
             synthetic: Mutex::new(VecDeque::with_capacity(SYNTHETIC_CAPACITY)),
@@ -217,6 +257,7 @@ impl VerbsCq {
             local: vec![None; n],
             with_inv: device.limits().quirks.with_inv_flags(),
             length_error_as_qp_op_error: device.limits().quirks.length_error_as_qp_op_error,
+            armed: false,
         })
     }
 
@@ -267,6 +308,38 @@ impl VerbsCq {
 
 impl CompletionQueue for VerbsCq {
     type Handle = VerbsCqHandle;
+
+    /// `ibv_req_notify_cq` (any completion) unless a request is still
+    /// pending; the channel's descriptor. None if the request fails (the
+    /// worker naps).
+    fn arm(&mut self) -> Option<std::os::fd::RawFd> {
+        if !self.armed {
+            // SAFETY: the CQ is live (we hold its Arc).
+            if unsafe { ibv_req_notify_cq(self.shared.cq, 0) } != 0 {
+                return None;
+            }
+            self.armed = true;
+        }
+        // SAFETY: the channel lives as long as the CQ.
+        Some(unsafe { (*self.shared.channel).fd })
+    }
+
+    /// Reads every pending event (non-blocking) and acknowledges each.
+    fn disarm(&mut self) {
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: the channel is live and non-blocking; the out-pointers
+            // are valid.
+            if unsafe { ibv_get_cq_event(self.shared.channel, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            // SAFETY: `cq` is the CQ the event was read for (ours).
+            unsafe { ibv_ack_cq_events(cq, 1) };
+            // The request was consumed by this event.
+            self.armed = false;
+        }
+    }
 
     fn handle(&self) -> VerbsCqHandle {
         VerbsCqHandle(self.shared.clone())
