@@ -100,6 +100,8 @@ const CLOCK_IDLE_POLLS: u32 = 16;
 /// completions, and every [`CLOCK_IDLE_POLLS`] idle steps otherwise, so the
 /// time the state machine sees lags by at most a few idle polls
 /// (microseconds) behind the real one; [MS-SMBD] 3.1.6 timers are seconds.
+/// Where a clock read is a system call the idle interval is stretched
+/// ([`crate::clock::idle_polls_per_read`]).
 #[derive(Debug)]
 struct PollClock {
     origin: Instant,
@@ -108,6 +110,8 @@ struct PollClock {
     idle: u32,
     /// The last step polled completions: read at the next.
     busy: bool,
+    /// Idle steps between reads.
+    idle_polls: u32,
 }
 
 impl PollClock {
@@ -117,6 +121,7 @@ impl PollClock {
             now: PInstant::ZERO,
             idle: 0,
             busy: true,
+            idle_polls: crate::clock::idle_polls_per_read(CLOCK_IDLE_POLLS),
         }
     }
 
@@ -131,7 +136,7 @@ impl PollClock {
     /// The time for the step about to poll.
     #[inline]
     fn tick(&mut self) -> PInstant {
-        if self.busy || self.idle >= CLOCK_IDLE_POLLS {
+        if self.busy || self.idle >= self.idle_polls {
             return self.read();
         }
         self.idle += 1;
