@@ -378,12 +378,6 @@ fn drive<S: Session>(
             active = true;
             // Completions.
             let mut stray = None;
-            // The time of this turn's last completion: the first start
-            // below reuses it instead of reading the clock again (a read
-            // is a system call on some hosts, e.g. a guest on the HPET).
-            // The start is then stamped a little early: latency is
-            // overstated by that much, never understated.
-            let mut completed_at = None;
             let progressed = {
                 let Conn {
                     session,
@@ -395,7 +389,6 @@ fn drive<S: Session>(
                 } = c;
                 session.poll(&mut |o: Outcome| {
                     let now = Instant::now();
-                    completed_at = Some(now);
                     match slots.get_mut(o.slot as usize) {
                         Some(s) if s.busy => {
                             s.busy = false;
@@ -431,7 +424,7 @@ fn drive<S: Session>(
             // Starts.
             while !c.finished {
                 let Some(&slot) = c.free.last() else { break };
-                let now = completed_at.take().unwrap_or_else(Instant::now);
+                let now = Instant::now();
                 let at = if interval.is_some() { c.next_due } else { now };
                 if end.is_some_and(|e| at >= e) {
                     c.finished = true;
