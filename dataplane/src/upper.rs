@@ -783,3 +783,97 @@ impl UpperLayer for Echo {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smbdirect_hugepages::{ClassId, HugepagePolicy, PoolConfig, SizeClass};
+
+    fn pool() -> BufferPool {
+        PoolConfig::new(1 << 20, 1)
+            .class(SizeClass::new("receive", 8192).per_slice(4))
+            .class(SizeClass::new("send", 1364).per_slice(4))
+            .hugepages(HugepagePolicy::Disable)
+            .mlock(false)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn reply_in_place_queues_the_message_once_and_only_where_it_may() {
+        let pool = pool();
+        let mut alloc = pool.claim_slice(0).unwrap();
+        let rbuf = alloc.alloc(ClassId::RECEIVE).unwrap();
+        let mut queued = [QueuedReply::EMPTY; 4];
+        let free_before = pool.class_stats(0, ClassId::SEND).unwrap().free;
+        let mut out = Replies {
+            alloc: &mut alloc,
+            pool: &pool,
+            queued: &mut queued,
+            count: 0,
+            rdma: None,
+            max_read_write: 1 << 20,
+            completing: None,
+            disconnect: false,
+            hold: None,
+            message: Some(InPlace {
+                buf: rbuf,
+                offset: 24,
+                len: 512,
+            }),
+            message_taken: false,
+        };
+        assert_eq!(out.reply_in_place(), Ok(true));
+        // Once: the buffer can carry one reply.
+        assert_eq!(out.reply_in_place(), Ok(false));
+        // The message is the reply: holding it is ignored.
+        out.hold(7);
+        assert_eq!(out.hold, None);
+        assert!(out.message_taken);
+        assert_eq!(out.count, 1);
+        // No pool buffer was taken for it.
+        assert_eq!(
+            pool.class_stats(0, ClassId::SEND).unwrap().free,
+            free_before
+        );
+        assert_eq!(
+            queued[0],
+            QueuedReply {
+                buf: rbuf,
+                offset: 24,
+                len: 512,
+                invalidate: None,
+                in_place: true,
+            }
+        );
+
+        // Outside on_message (no message), or once held: a copy is needed.
+        let mut queued = [QueuedReply::EMPTY; 1];
+        let mut out = Replies {
+            alloc: &mut alloc,
+            pool: &pool,
+            queued: &mut queued,
+            count: 0,
+            rdma: None,
+            max_read_write: 1 << 20,
+            completing: None,
+            disconnect: false,
+            hold: None,
+            message: None,
+            message_taken: false,
+        };
+        assert_eq!(out.reply_in_place(), Ok(false));
+        out.message = Some(InPlace {
+            buf: rbuf,
+            offset: 0,
+            len: 1,
+        });
+        out.hold(3);
+        assert_eq!(out.reply_in_place(), Ok(false));
+        out.hold = None;
+        // A full reply array is backpressure, as for any reply.
+        out.count = 1;
+        assert_eq!(out.reply_in_place(), Err(Backpressure::SendQueueFull));
+        alloc.free(rbuf).unwrap();
+    }
+}
