@@ -2219,21 +2219,7 @@ mod tests {
 
     #[test]
     fn no_buffer_for_a_reassembled_message_ends_the_connection_and_disconnects() {
-        use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
-        let mut r = rig(16);
-        assert!(r.ep.post_negotiate_receive(&mut r.alloc));
-        let req = NegotiateRequestRepr {
-            min_version: 0x0100,
-            max_version: 0x0100,
-            credits_requested: 8,
-            preferred_send_size: 1364,
-            max_receive_size: 8192,
-            max_fragmented_size: 1 << 20,
-        };
-        deliver(&mut r, &req.to_bytes()).expect("negotiate request");
-        r.ep.flush(Instant::ZERO, &mut r.alloc)
-            .expect("negotiate response");
-        assert!(r.ep.connection().is_established());
+        let mut r = negotiated_rig();
         // A 10,000-byte message needs a 64 KiB buffer once reassembled:
         // take every one.
         let taken: Vec<BufId> = std::iter::from_fn(|| r.alloc.alloc(ClassId(2)).ok()).collect();
@@ -2253,9 +2239,9 @@ mod tests {
         }
     }
 
-    /// A rig whose connection negotiated (passive side), with the
-    /// negotiate response's Send completed.
-    fn established_rig() -> Rig {
+    /// A rig whose connection negotiated (passive side): the negotiate
+    /// response is posted, not completed.
+    fn negotiated_rig() -> Rig {
         use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
         let mut r = rig(16);
         assert!(r.ep.post_negotiate_receive(&mut r.alloc));
@@ -2271,6 +2257,13 @@ mod tests {
         r.ep.flush(Instant::ZERO, &mut r.alloc)
             .expect("negotiate response");
         assert!(r.ep.connection().is_established());
+        r
+    }
+
+    /// [`negotiated_rig`] with send credits and the negotiate response's
+    /// Send completed.
+    fn established_rig() -> Rig {
+        let mut r = negotiated_rig();
         // The peer's first message grants the send credits ([MS-SMBD]
         // 3.1.5.8).
         match deliver(&mut r, &fragment(10, 0)) {

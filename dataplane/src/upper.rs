@@ -799,6 +799,27 @@ mod tests {
             .unwrap()
     }
 
+    fn replies<'a>(
+        alloc: &'a mut SliceAllocator,
+        pool: &'a BufferPool,
+        queued: &'a mut [QueuedReply],
+        message: Option<InPlace>,
+    ) -> Replies<'a> {
+        Replies {
+            alloc,
+            pool,
+            queued,
+            count: 0,
+            rdma: None,
+            max_read_write: 1 << 20,
+            completing: None,
+            disconnect: false,
+            hold: None,
+            message,
+            message_taken: false,
+        }
+    }
+
     #[test]
     fn reply_in_place_queues_the_message_once_and_only_where_it_may() {
         let pool = pool();
@@ -806,23 +827,12 @@ mod tests {
         let rbuf = alloc.alloc(ClassId::RECEIVE).unwrap();
         let mut queued = [QueuedReply::EMPTY; 4];
         let free_before = pool.class_stats(0, ClassId::SEND).unwrap().free;
-        let mut out = Replies {
-            alloc: &mut alloc,
-            pool: &pool,
-            queued: &mut queued,
-            count: 0,
-            rdma: None,
-            max_read_write: 1 << 20,
-            completing: None,
-            disconnect: false,
-            hold: None,
-            message: Some(InPlace {
-                buf: rbuf,
-                offset: 24,
-                len: 512,
-            }),
-            message_taken: false,
+        let message = InPlace {
+            buf: rbuf,
+            offset: 24,
+            len: 512,
         };
+        let mut out = replies(&mut alloc, &pool, &mut queued, Some(message));
         assert_eq!(out.reply_in_place(), Ok(true));
         // Once: the buffer can carry one reply.
         assert_eq!(out.reply_in_place(), Ok(false));
@@ -849,19 +859,7 @@ mod tests {
 
         // Outside on_message (no message), or once held: a copy is needed.
         let mut queued = [QueuedReply::EMPTY; 1];
-        let mut out = Replies {
-            alloc: &mut alloc,
-            pool: &pool,
-            queued: &mut queued,
-            count: 0,
-            rdma: None,
-            max_read_write: 1 << 20,
-            completing: None,
-            disconnect: false,
-            hold: None,
-            message: None,
-            message_taken: false,
-        };
+        let mut out = replies(&mut alloc, &pool, &mut queued, None);
         assert_eq!(out.reply_in_place(), Ok(false));
         out.message = Some(InPlace {
             buf: rbuf,
