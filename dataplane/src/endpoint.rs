@@ -1552,7 +1552,6 @@ impl<Q: QueuePair> Endpoint<Q> {
         // RDMA first: a reply the upper layer queued after an RDMA Write was
         // queued after its completion, so no ordering is at stake here.
         self.post_rdma()?;
-        let mut hdr = [0u8; MAX_HEADER_LEN];
         loop {
             if !self.conn.transmit_pending() {
                 // Nothing to say: no send buffer to reserve and give back.
@@ -1570,6 +1569,18 @@ impl<Q: QueuePair> Endpoint<Q> {
                     return Ok(false);
                 }
             };
+            // Room for the longest header and, past it, the release stash.
+            let Some(loc) = self
+                .pool
+                .locate(sbuf)
+                .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
+            else {
+                let _ = alloc.free(sbuf);
+                return Err(self.fail(EndpointError::PoolExhausted));
+            };
+            // SAFETY: sbuf was just allocated and is exclusively ours; `loc`
+            // is its live location in the pool's mapping.
+            let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
             let mut p = Poster {
                 qp: &mut self.qp,
                 alloc,
@@ -1578,28 +1589,18 @@ impl<Q: QueuePair> Endpoint<Q> {
                 posted: &mut self.recv_posted,
                 stats: &mut self.stats,
             };
-            let Some(t) = self.conn.poll_transmit(now, &mut p, &mut hdr) else {
+            // The header is written straight into the send buffer; the
+            // payload is gathered from the message buffer as a second SGE
+            // of the same Send: no copy ([MS-SMBD] 2.2.3: the payload
+            // follows the 24-byte header at DataOffset 24, which is what
+            // the gather puts on the wire).
+            let Some(t) = self.conn.poll_transmit(now, &mut p, out) else {
                 let _ = alloc.free(sbuf);
                 if let Some(r) = self.conn.terminated() {
                     return Err(self.fail(EndpointError::Terminated(r)));
                 }
                 return Ok(true);
             };
-            let Some(loc) = self.pool.locate(sbuf) else {
-                let _ = alloc.free(sbuf);
-                return Err(self.fail(EndpointError::PoolExhausted));
-            };
-            // SAFETY: sbuf was just allocated and is exclusively ours.
-            let out = unsafe { self.pool.bytes_mut(sbuf) }.unwrap_or_default();
-            // The header goes in the send buffer, the payload is gathered
-            // from the message buffer as a second SGE of the same Send: no
-            // copy ([MS-SMBD] 2.2.3: the payload follows the 24-byte header
-            // at DataOffset 24, which is what the gather puts on the wire).
-            if out.len() < t.header_len.max(RELEASE_STASH + 8) {
-                let _ = alloc.free(sbuf);
-                return Err(self.fail(EndpointError::PoolExhausted));
-            }
-            out[..t.header_len].copy_from_slice(&hdr[..t.header_len]);
             let mut sges = [self.mr.sge(loc.offset as u64, t.header_len as u32); 2];
             let mut nsge = 1;
             let mut release = RELEASE_NONE;
