@@ -785,7 +785,20 @@ impl CaptureHandle {
     /// a syscall.
     #[inline]
     pub fn record(&self, conn: &CaptureConn, dir: Direction, op: CaptureOp, msg: &[u8]) -> bool {
-        self.record_with(conn, dir, op, msg, || {
+        self.record_parts(conn, dir, op, &[msg])
+    }
+
+    /// [`Self::record`] of a message gathered from `parts`, in order (a
+    /// Send's header and the payload it gathers from elsewhere).
+    #[inline]
+    pub fn record_parts(
+        &self,
+        conn: &CaptureConn,
+        dir: Direction,
+        op: CaptureOp,
+        parts: &[&[u8]],
+    ) -> bool {
+        self.record_with(conn, dir, op, parts, || {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
@@ -803,7 +816,7 @@ impl CaptureHandle {
         op: CaptureOp,
         msg: &[u8],
     ) -> bool {
-        self.record_with(conn, dir, op, msg, || ts)
+        self.record_with(conn, dir, op, &[msg], || ts)
     }
 
     #[inline]
@@ -812,9 +825,10 @@ impl CaptureHandle {
         conn: &CaptureConn,
         dir: Direction,
         op: CaptureOp,
-        msg: &[u8],
+        parts: &[&[u8]],
         now: impl FnOnce() -> Duration,
     ) -> bool {
+        let msg_len: usize = parts.iter().map(|p| p.len()).sum();
         // Taken even when the record is dropped: the PSN gap shows the loss.
         let psn = conn.next_psn(dir);
         let s = &*self.shared;
@@ -824,14 +838,18 @@ impl CaptureHandle {
         let queued = !s.closing.0.load(Ordering::SeqCst)
             && match s.free.pop() {
                 Some(mut slot) => {
-                    let n = msg.len().min(slot.data.len());
-                    slot.data[..n].copy_from_slice(&msg[..n]);
-                    if n < msg.len() {
+                    let mut n = 0;
+                    for p in parts {
+                        let k = p.len().min(slot.data.len() - n);
+                        slot.data[n..n + k].copy_from_slice(&p[..k]);
+                        n += k;
+                    }
+                    if n < msg_len {
                         s.truncated.fetch_add(1, Ordering::Relaxed);
                     }
                     slot.ts = now();
                     slot.meta = FrameMeta::new(conn, dir, op, psn);
-                    slot.msg_len = msg.len();
+                    slot.msg_len = msg_len;
                     slot.captured = n;
                     match s.filled.push(slot) {
                         Ok(()) => true,

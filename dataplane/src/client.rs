@@ -100,6 +100,8 @@ const CLOCK_IDLE_POLLS: u32 = 16;
 /// completions, and every [`CLOCK_IDLE_POLLS`] idle steps otherwise, so the
 /// time the state machine sees lags by at most a few idle polls
 /// (microseconds) behind the real one; [MS-SMBD] 3.1.6 timers are seconds.
+/// Where a clock read is a system call the idle interval is stretched
+/// ([`crate::clock::idle_polls_per_read`]).
 #[derive(Debug)]
 struct PollClock {
     origin: Instant,
@@ -108,6 +110,8 @@ struct PollClock {
     idle: u32,
     /// The last step polled completions: read at the next.
     busy: bool,
+    /// Idle steps between reads.
+    idle_polls: u32,
 }
 
 impl PollClock {
@@ -117,6 +121,7 @@ impl PollClock {
             now: PInstant::ZERO,
             idle: 0,
             busy: true,
+            idle_polls: crate::clock::idle_polls_per_read(CLOCK_IDLE_POLLS),
         }
     }
 
@@ -131,7 +136,7 @@ impl PollClock {
     /// The time for the step about to poll.
     #[inline]
     fn tick(&mut self) -> PInstant {
-        if self.busy || self.idle >= CLOCK_IDLE_POLLS {
+        if self.busy || self.idle >= self.idle_polls {
             return self.read();
         }
         self.idle += 1;
@@ -282,7 +287,11 @@ impl<P: Provider> Client<P> {
             return Err(e.into());
         }
         let mut flush = n > 0 || *retry_flush;
-        if ep.connection().poll_timeout().is_some_and(|t| t <= now) {
+        // [MS-SMBD] 3.1.6 timers: `now` moves only when the clock is read,
+        // and deadlines only with completions, so an idle step between
+        // clock reads has nothing new to compare.
+        let clock_read = clock.idle == 0;
+        if (n > 0 || clock_read) && ep.connection().poll_timeout().is_some_and(|t| t <= now) {
             ep.on_timer(now)?;
             flush = true;
         }
@@ -296,20 +305,24 @@ impl<P: Provider> Client<P> {
         Ok(n > 0)
     }
 
-    /// Queues `msg` (copied into a pool buffer) and starts sending it.
+    /// Queues `msg` (copied into a pool buffer, the one copy: the Sends
+    /// gather from there) and starts sending it.
     pub fn send(&mut self, msg: &[u8]) -> Result<(), ClientError> {
         let id = self
             .alloc
             .alloc_len(msg.len().max(1))
             .map_err(|_| ClientError::PoolExhausted)?;
-        let pool = self.alloc.pool().clone();
         // SAFETY: `id` was just allocated and is exclusively ours.
-        match unsafe { pool.bytes_mut(id) } {
-            Some(b) if b.len() >= msg.len() => b[..msg.len()].copy_from_slice(msg),
-            _ => {
-                let _ = self.alloc.free(id);
-                return Err(ClientError::PoolExhausted);
+        let copied = match unsafe { self.alloc.pool().bytes_mut(id) } {
+            Some(b) if b.len() >= msg.len() => {
+                b[..msg.len()].copy_from_slice(msg);
+                true
             }
+            _ => false,
+        };
+        if !copied {
+            let _ = self.alloc.free(id);
+            return Err(ClientError::PoolExhausted);
         }
         if let Err(e) = self.ep.send(id, msg.len() as u32) {
             let _ = self.alloc.free(id);

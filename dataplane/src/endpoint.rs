@@ -46,6 +46,15 @@ const KIND_SEND: u64 = 2;
 const KIND_RDMA: u64 = 3;
 const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
+/// Where a send buffer keeps, past the header it carries, the message
+/// buffer its Send completion releases (the last segment of a message sent
+/// by gather: the payload SGE points into that buffer, so it may only go
+/// back to the pool once the Send is done). Bytes past the header are never
+/// sent, so the stash travels nowhere.
+const RELEASE_STASH: usize = MAX_HEADER_LEN;
+/// The stash's "nothing to release".
+const RELEASE_NONE: u64 = u64::MAX;
+
 /// RDMA operations a connection may have requested and not yet finished
 /// (the default size of its [`RdmaOps`] table).
 pub const RDMA_OPS_PER_CONNECTION: usize = 32;
@@ -938,6 +947,12 @@ pub struct Endpoint<Q: QueuePair> {
     recv_posted: u16,
     /// Sends in flight (their buffers return on completion).
     sends_in_flight: u32,
+    /// The send buffer of the latest segment posted of a message whose
+    /// last segment is not posted yet, until that Send completes: if the
+    /// connection ends before the last segment goes, the message buffer is
+    /// released by this Send's completion (segments in flight still read
+    /// it), not at once.
+    partial: Option<BufId>,
     stats: EndpointStats,
     failed: Option<EndpointError>,
     defer_negotiation: bool,
@@ -960,6 +975,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             mr,
             recv_posted: 0,
             sends_in_flight: 0,
+            partial: None,
             stats: EndpointStats::default(),
             failed: None,
             defer_negotiation: false,
@@ -1129,6 +1145,19 @@ impl<Q: QueuePair> Endpoint<Q> {
         match wc.wr_id >> KIND_SHIFT {
             KIND_SEND => {
                 self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+                if self.partial == Some(buf) {
+                    self.partial = None;
+                }
+                // SAFETY: the Send is done with the buffer, which is ours
+                // until freed below.
+                let release = unsafe { self.pool.bytes(buf) }
+                    .and_then(|b| b.get(RELEASE_STASH..RELEASE_STASH + 8))
+                    .map_or(RELEASE_NONE, |b| {
+                        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+                    });
+                if release != RELEASE_NONE {
+                    let _ = alloc.free(BufId::from_bits(release));
+                }
                 let _ = alloc.free(buf);
                 if wc.status != WcStatus::Success {
                     return Err(self.fail(EndpointError::Provider(wc.status)));
@@ -1459,10 +1488,44 @@ impl<Q: QueuePair> Endpoint<Q> {
         let _ = alloc.free(d.buf);
     }
 
+    /// Drops a delivery whose buffer went elsewhere (queued with
+    /// [`Endpoint::send_at`] as a reply from the buffer itself).
+    pub(crate) fn forget(&mut self, d: Delivery) {
+        let _ = d;
+    }
+
+    /// Where a delivered message lies in the pool (None for one still in
+    /// the connection's reassembly buffer), for [`Endpoint::send_at`].
+    pub(crate) fn in_place(&self, d: &Delivery) -> Option<crate::upper::InPlace> {
+        match &d.data {
+            MessageData::InPlace(r) => Some(crate::upper::InPlace {
+                buf: d.buf,
+                offset: u32::try_from(r.start).ok()?,
+                len: u32::try_from(r.len()).ok()?,
+            }),
+            MessageData::Reassembled => None,
+        }
+    }
+
     /// Queues an upper-layer message held in pool buffer `msg` (`len`
-    /// bytes). The endpoint frees `msg` once its last byte is on the wire.
+    /// bytes). The endpoint frees `msg` once the Send of its last segment
+    /// completes (its segments are sent from it, gathered behind their
+    /// headers: [`Endpoint::flush`]).
     pub fn send(&mut self, msg: BufId, len: u32) -> Result<(), SendError> {
         self.conn.send(msg.to_bits(), len, None)
+    }
+
+    /// [`Endpoint::send_with_invalidate`] of the `len` bytes at `offset`
+    /// into pool buffer `msg` (e.g. a received message answered from its
+    /// receive buffer); the endpoint frees `msg` as [`Endpoint::send`] does.
+    pub fn send_at(
+        &mut self,
+        msg: BufId,
+        offset: u32,
+        len: u32,
+        invalidate: Option<u32>,
+    ) -> Result<(), SendError> {
+        self.conn.send_at(msg.to_bits(), offset, len, invalidate)
     }
 
     /// [`Endpoint::send`], as Send with Invalidate of the peer's `token`
@@ -1489,7 +1552,6 @@ impl<Q: QueuePair> Endpoint<Q> {
         // RDMA first: a reply the upper layer queued after an RDMA Write was
         // queued after its completion, so no ordering is at stake here.
         self.post_rdma()?;
-        let mut hdr = [0u8; MAX_HEADER_LEN];
         loop {
             if !self.conn.transmit_pending() {
                 // Nothing to say: no send buffer to reserve and give back.
@@ -1507,6 +1569,18 @@ impl<Q: QueuePair> Endpoint<Q> {
                     return Ok(false);
                 }
             };
+            // Room for the longest header and, past it, the release stash.
+            let Some(loc) = self
+                .pool
+                .locate(sbuf)
+                .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
+            else {
+                let _ = alloc.free(sbuf);
+                return Err(self.fail(EndpointError::PoolExhausted));
+            };
+            // SAFETY: sbuf was just allocated and is exclusively ours; `loc`
+            // is its live location in the pool's mapping.
+            let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
             let mut p = Poster {
                 qp: &mut self.qp,
                 alloc,
@@ -1515,55 +1589,72 @@ impl<Q: QueuePair> Endpoint<Q> {
                 posted: &mut self.recv_posted,
                 stats: &mut self.stats,
             };
-            let Some(t) = self.conn.poll_transmit(now, &mut p, &mut hdr) else {
+            // The header is written straight into the send buffer; the
+            // payload is gathered from the message buffer as a second SGE
+            // of the same Send: no copy ([MS-SMBD] 2.2.3: the payload
+            // follows the 24-byte header at DataOffset 24, which is what
+            // the gather puts on the wire).
+            let Some(t) = self.conn.poll_transmit(now, &mut p, out) else {
                 let _ = alloc.free(sbuf);
                 if let Some(r) = self.conn.terminated() {
                     return Err(self.fail(EndpointError::Terminated(r)));
                 }
                 return Ok(true);
             };
-            let Some(loc) = self.pool.locate(sbuf) else {
-                let _ = alloc.free(sbuf);
-                return Err(self.fail(EndpointError::PoolExhausted));
-            };
-            // SAFETY: sbuf was just allocated and is exclusively ours.
-            let out = unsafe { self.pool.bytes_mut(sbuf) }.unwrap_or_default();
-            if out.len() < t.len() {
-                let _ = alloc.free(sbuf);
-                return Err(self.fail(EndpointError::PoolExhausted));
-            }
-            out[..t.header_len].copy_from_slice(&hdr[..t.header_len]);
+            let mut sges = [self.mr.sge(loc.offset as u64, t.header_len as u32); 2];
+            let mut nsge = 1;
+            let mut release = RELEASE_NONE;
+            let mut payload: &[u8] = &[];
             if let Some(ps) = t.payload {
                 let msg = BufId::from_bits(ps.handle);
-                // SAFETY: the message buffer belongs to this endpoint until
-                // its last slice is copied.
-                if let Some(src) = unsafe { self.pool.bytes(msg) } {
-                    let s = &src[ps.offset as usize..(ps.offset + ps.len) as usize];
-                    out[t.header_len..t.len()].copy_from_slice(s);
-                }
+                let end = ps.offset as usize + ps.len as usize;
+                let Some(mloc) = self.pool.locate(msg).filter(|l| end <= l.len) else {
+                    let _ = alloc.free(sbuf);
+                    return Err(self.fail(EndpointError::PoolExhausted));
+                };
+                sges[1] = self
+                    .mr
+                    .sge((mloc.offset + ps.offset as usize) as u64, ps.len);
+                nsge = 2;
                 if ps.last {
-                    let _ = alloc.free(msg);
+                    release = ps.handle;
+                }
+                if self.capture.is_some() {
+                    // SAFETY: the message buffer belongs to this endpoint
+                    // until its last segment's Send completes; `end` is
+                    // inside it (checked above).
+                    payload = unsafe { self.pool.bytes(msg) }
+                        .and_then(|b| b.get(ps.offset as usize..end))
+                        .unwrap_or_default();
                 }
             }
+            out[RELEASE_STASH..RELEASE_STASH + 8].copy_from_slice(&release.to_le_bytes());
             if let Some((h, c)) = &self.capture {
                 let op = t
                     .invalidate_token
                     .map_or(CaptureOp::Send, CaptureOp::SendWithInvalidate);
-                h.record(c, Direction::Sent, op, &out[..t.len()]);
+                h.record_parts(c, Direction::Sent, op, &[&out[..t.header_len], payload]);
             }
-            let sge = [self.mr.sge(loc.offset as u64, t.len() as u32)];
             let wr = [SendWr {
                 wr_id: wr_id(KIND_SEND, sbuf),
                 op: SendOp::Send {
-                    sges: &sge,
+                    sges: &sges[..nsge],
                     invalidate: t.invalidate_token,
                 },
                 signaled: true,
             }];
             if let Err(_e) = self.qp.post_send(&wr) {
                 let _ = alloc.free(sbuf);
+                if release != RELEASE_NONE {
+                    let _ = alloc.free(BufId::from_bits(release));
+                }
                 self.conn.handle_connection_lost();
                 return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
+            }
+            if nsge == 2 {
+                // A segment before the last one: the message stays queued
+                // and this Send reads it.
+                self.partial = (release == RELEASE_NONE).then_some(sbuf);
             }
             self.sends_in_flight += 1;
             self.stats.sends_posted += 1;
@@ -1584,21 +1675,35 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
     }
 
-    /// Upper-layer messages still queued (after termination): their buffers
-    /// go back to the pool.
-    pub fn drain_queued(&mut self) -> impl Iterator<Item = BufId> + '_ {
-        self.conn
-            .drain_send_queue()
-            .map(|m| BufId::from_bits(m.handle))
+    /// Returns the buffers of upper-layer messages still queued (after
+    /// termination) to the pool: at once, except a partly sent message's,
+    /// which its segments in flight still read: the completion of the
+    /// latest one releases it.
+    pub fn free_queued(&mut self, alloc: &mut SliceAllocator) {
+        let partial = self.partial.take();
+        for m in self.conn.drain_send_queue() {
+            let msg = BufId::from_bits(m.handle);
+            let stash = partial.filter(|_| m.sent > 0).and_then(|sb| {
+                // SAFETY: `sb` is in flight (its completion clears
+                // `partial`); the provider never reads past the header it
+                // sends, so the stash is ours to write.
+                unsafe { self.pool.bytes_mut(sb) }?.get_mut(RELEASE_STASH..RELEASE_STASH + 8)
+            });
+            match stash {
+                Some(b) => b.copy_from_slice(&m.handle.to_le_bytes()),
+                None => {
+                    let _ = alloc.free(msg);
+                }
+            }
+        }
     }
 
     /// Closes the connection; posted buffers come back through flushed
-    /// completions, queued messages are freed here.
+    /// completions, queued messages are freed here (or with the Send still
+    /// reading them, [`Endpoint::free_queued`]).
     pub fn close(&mut self, alloc: &mut SliceAllocator) {
         self.conn.close();
-        for m in self.conn.drain_send_queue() {
-            let _ = alloc.free(BufId::from_bits(m.handle));
-        }
+        self.free_queued(alloc);
         self.fail(EndpointError::Terminated(TerminateReason::LocalClose));
         self.release_rdma(alloc);
     }
@@ -1641,6 +1746,9 @@ mod tests {
         reads_outstanding: u32,
         max_reads_outstanding: u32,
         chains: Vec<usize>,
+        /// The bytes of every Send posted, gathered from its SGEs at post
+        /// time, and its SGE count.
+        sends: Vec<(Vec<u8>, usize)>,
         broken: bool,
     }
 
@@ -1654,6 +1762,7 @@ mod tests {
                 reads_outstanding: 0,
                 max_reads_outstanding: 0,
                 chains: Vec::new(),
+                sends: Vec::new(),
                 broken: false,
             }
         }
@@ -1705,9 +1814,17 @@ mod tests {
                     SendOp::RdmaWrite { sges, remote } => {
                         (false, sges, remote, WcOpcode::RdmaWrite)
                     }
-                    SendOp::Send { .. } => {
-                        // A Send (the negotiate response of a test that
-                        // negotiates): completes, or is flushed once broken.
+                    SendOp::Send { sges, .. } => {
+                        let mut bytes = Vec::new();
+                        for sge in sges {
+                            // SAFETY: as for RDMA below: the SGEs point into
+                            // the test's pool.
+                            bytes.extend_from_slice(unsafe {
+                                std::slice::from_raw_parts(sge.addr as *const u8, sge.len as usize)
+                            });
+                        }
+                        self.sends.push((bytes, sges.len()));
+                        // A Send: completes, or is flushed once broken.
                         let status = if self.broken {
                             WcStatus::Flushed
                         } else {
@@ -1839,7 +1956,7 @@ mod tests {
         completing: Option<usize>,
         f: impl FnOnce(&mut Replies<'_>) -> Result<R, RdmaError>,
     ) -> Result<R, RdmaError> {
-        let mut queued: [QueuedReply; 2] = [(BufId::from_bits(0), 0, None); 2];
+        let mut queued = [QueuedReply::EMPTY; 2];
         let mut out = Replies {
             alloc: &mut r.alloc,
             pool: &r.pool,
@@ -1850,6 +1967,8 @@ mod tests {
             completing,
             disconnect: false,
             hold: None,
+            message: None,
+            message_taken: false,
         };
         let res = f(&mut out);
         let rdma = r.ep.rdma.as_mut().unwrap();
@@ -2101,21 +2220,7 @@ mod tests {
 
     #[test]
     fn no_buffer_for_a_reassembled_message_ends_the_connection_and_disconnects() {
-        use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
-        let mut r = rig(16);
-        assert!(r.ep.post_negotiate_receive(&mut r.alloc));
-        let req = NegotiateRequestRepr {
-            min_version: 0x0100,
-            max_version: 0x0100,
-            credits_requested: 8,
-            preferred_send_size: 1364,
-            max_receive_size: 8192,
-            max_fragmented_size: 1 << 20,
-        };
-        deliver(&mut r, &req.to_bytes()).expect("negotiate request");
-        r.ep.flush(Instant::ZERO, &mut r.alloc)
-            .expect("negotiate response");
-        assert!(r.ep.connection().is_established());
+        let mut r = negotiated_rig();
         // A 10,000-byte message needs a 64 KiB buffer once reassembled:
         // take every one.
         let taken: Vec<BufId> = std::iter::from_fn(|| r.alloc.alloc(ClassId(2)).ok()).collect();
@@ -2133,6 +2238,108 @@ mod tests {
         for id in taken {
             r.alloc.free(id).unwrap();
         }
+    }
+
+    /// A rig whose connection negotiated (passive side): the negotiate
+    /// response is posted, not completed.
+    fn negotiated_rig() -> Rig {
+        use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
+        let mut r = rig(16);
+        assert!(r.ep.post_negotiate_receive(&mut r.alloc));
+        let req = NegotiateRequestRepr {
+            min_version: 0x0100,
+            max_version: 0x0100,
+            credits_requested: 8,
+            preferred_send_size: 1364,
+            max_receive_size: 8192,
+            max_fragmented_size: 1 << 20,
+        };
+        deliver(&mut r, &req.to_bytes()).expect("negotiate request");
+        r.ep.flush(Instant::ZERO, &mut r.alloc)
+            .expect("negotiate response");
+        assert!(r.ep.connection().is_established());
+        r
+    }
+
+    /// [`negotiated_rig`] with send credits and the negotiate response's
+    /// Send completed.
+    fn established_rig() -> Rig {
+        let mut r = negotiated_rig();
+        // The peer's first message grants the send credits ([MS-SMBD]
+        // 3.1.5.8).
+        match deliver(&mut r, &fragment(10, 0)) {
+            Ok(Some(Event::Message(d))) => r.ep.release(d, &mut r.alloc),
+            other => panic!("expected a message, got {other:?}"),
+        }
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        r.ep.qp_mut().sends.clear();
+        r
+    }
+
+    /// A 3,000-byte upper-layer message in a fresh 64 KiB pool buffer.
+    fn queued_message(r: &mut Rig) -> (BufId, Vec<u8>) {
+        let msg: Vec<u8> = (0..3000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let id = r.alloc.alloc(ClassId(2)).unwrap();
+        // SAFETY: `id` was just allocated and is exclusively ours.
+        unsafe { r.pool.bytes_mut(id) }.unwrap()[..msg.len()].copy_from_slice(&msg);
+        (id, msg)
+    }
+
+    #[test]
+    fn segments_are_sent_by_gather_and_the_message_buffer_returns_after_the_last() {
+        // [MS-SMBD] 3.1.5.1: 3,000 bytes at MaxSendSize 1364 are three
+        // segments of 1340, 1340 and 320 bytes behind 24-byte headers; each
+        // Send gathers header and payload (two SGEs), and the message buffer
+        // goes back to the pool only when the last Send completes.
+        let mut r = established_rig();
+        let (id, msg) = queued_message(&mut r);
+        r.ep.send(id, msg.len() as u32).unwrap();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        let sends = std::mem::take(&mut r.ep.qp_mut().sends);
+        assert_eq!(sends.len(), 3);
+        let mut whole = Vec::new();
+        for (bytes, nsge) in &sends {
+            assert_eq!(*nsge, 2, "header and payload gathered");
+            let v = smbdirect_protocol::smbd::wire::DataTransfer::new_checked(&bytes[..]).unwrap();
+            assert_eq!(v.data_offset(), 24);
+            whole.extend_from_slice(v.payload().unwrap());
+        }
+        assert_eq!(whole, msg);
+        let mut done = 0;
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            assert!(
+                r.pool.locate(id).is_some(),
+                "freed before the last Send completed"
+            );
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+            done += 1;
+        }
+        assert_eq!(done, 3);
+        assert!(r.pool.locate(id).is_none());
+        assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
+    }
+
+    #[test]
+    fn a_partly_sent_message_outlives_its_segments_in_flight_on_close() {
+        // Room for one Send: the first segment goes, the message stays
+        // queued. Closing must not free the buffer that Send still reads;
+        // its (flushed) completion does.
+        let mut r = established_rig();
+        r.ep.set_send_depth(1);
+        let (id, msg) = queued_message(&mut r);
+        r.ep.send(id, msg.len() as u32).unwrap();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        assert_eq!(r.ep.qp().sends.len(), 1);
+        r.ep.close(&mut r.alloc);
+        assert!(r.pool.locate(id).is_some(), "freed under a Send in flight");
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert!(r.pool.locate(id).is_none());
     }
 
     #[test]

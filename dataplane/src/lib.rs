@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod client;
+pub mod clock;
 pub mod endpoint;
 pub mod hint;
 pub mod idhash;

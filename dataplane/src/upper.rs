@@ -182,9 +182,39 @@ pub struct RdmaDone<'a> {
     pub context: &'a [u8],
 }
 
-/// A reply queued by the upper layer: pool buffer, length, and the peer
-/// token to invalidate with it.
-pub(crate) type QueuedReply = (BufId, u32, Option<u32>);
+/// A reply queued by the upper layer: `len` bytes at `offset` into pool
+/// buffer `buf`, and the peer token to invalidate with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueuedReply {
+    pub(crate) buf: BufId,
+    pub(crate) offset: u32,
+    pub(crate) len: u32,
+    pub(crate) invalidate: Option<u32>,
+    /// `buf` is the receive buffer of the message being handled
+    /// ([`Replies::reply_in_place`]): it passes to the transport only if
+    /// the handler succeeds, and is never freed by an abort.
+    pub(crate) in_place: bool,
+}
+
+impl QueuedReply {
+    /// An unused entry (output arrays).
+    pub(crate) const EMPTY: QueuedReply = QueuedReply {
+        buf: BufId::from_bits(0),
+        offset: 0,
+        len: 0,
+        invalidate: None,
+        in_place: false,
+    };
+}
+
+/// The message an `on_message` handler is looking at, where it lies: its
+/// receive (or reassembly) pool buffer and the byte range in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InPlace {
+    pub(crate) buf: BufId,
+    pub(crate) offset: u32,
+    pub(crate) len: u32,
+}
 
 /// Where an upper layer writes its replies (pool buffers, queued on the
 /// connection the message came from) and requests RDMA operations.
@@ -204,6 +234,12 @@ pub struct Replies<'a> {
     pub(crate) disconnect: bool,
     /// Set by [`Replies::hold`].
     pub(crate) hold: Option<u64>,
+    /// The message being handled, when it can be answered from its own
+    /// buffer ([`Replies::reply_in_place`]; `on_message` only).
+    pub(crate) message: Option<InPlace>,
+    /// Set once [`Replies::reply_in_place`] queued `message`: the worker
+    /// must not release it.
+    pub(crate) message_taken: bool,
 }
 
 impl Replies<'_> {
@@ -223,9 +259,44 @@ impl Replies<'_> {
     /// returning take effect as usual. Later messages of the connection are
     /// not held up (SMB2 requests may complete out of order, [MS-SMB2]
     /// 3.3.4.2). Only meaningful in `on_message` and `on_wake` (where it
-    /// keeps holding, possibly under a new token).
+    /// keeps holding, possibly under a new token), and ignored after
+    /// [`Replies::reply_in_place`] (the message is the reply).
     pub fn hold(&mut self, token: u64) {
+        if self.message_taken {
+            return; // queued by reply_in_place: it is the transport's now
+        }
         self.hold = Some(token);
+    }
+
+    /// Queues the message being handled, unchanged, as the reply, sent
+    /// straight from the buffer it was received (or reassembled) into: no
+    /// pool buffer, no copy ([MS-SMBD] 3.1.5.1 fragments it like any other
+    /// message; the buffer returns to the pool once the last fragment's
+    /// Send completes, and the receive it came from was already replaced
+    /// through the credit logic of 3.1.5.9). Returns `Ok(false)` where that
+    /// is not possible (outside `on_message`, with the message held, or
+    /// already queued once): reply with a copy instead. Like every reply it
+    /// takes effect only if the handler returns `Ok`.
+    pub fn reply_in_place(&mut self) -> Result<bool, Backpressure> {
+        let Some(m) = self.message else {
+            return Ok(false);
+        };
+        if self.message_taken || self.hold.is_some() {
+            return Ok(false);
+        }
+        if self.count == self.queued.len() {
+            return Err(Backpressure::SendQueueFull);
+        }
+        self.queued[self.count] = QueuedReply {
+            buf: m.buf,
+            offset: m.offset,
+            len: m.len,
+            invalidate: None,
+            in_place: true,
+        };
+        self.count += 1;
+        self.message_taken = true;
+        Ok(true)
     }
 
     /// Queues a reply of `len` bytes written by `fill`.
@@ -267,7 +338,13 @@ impl Replies<'_> {
                 return Err(Backpressure::TooLarge);
             }
         }
-        self.queued[self.count] = (id, len as u32, invalidate);
+        self.queued[self.count] = QueuedReply {
+            buf: id,
+            offset: 0,
+            len: len as u32,
+            invalidate,
+            in_place: false,
+        };
         self.count += 1;
         Ok(())
     }
@@ -650,7 +727,15 @@ impl UpperLayer for Echo {
         out: &mut Replies<'_>,
     ) -> Result<(), Backpressure> {
         let req = match RdmaEcho::parse(msg) {
-            None => return out.reply(msg.len(), |b| b.copy_from_slice(msg)),
+            // Straight back out of its receive buffer where the worker
+            // allows it (no copy); else a copy.
+            None => {
+                return match out.reply_in_place() {
+                    Ok(true) => Ok(()),
+                    Ok(false) => out.reply(msg.len(), |b| b.copy_from_slice(msg)),
+                    Err(b) => Err(b),
+                }
+            }
             Some(Err(())) => return rdma_done(out, STATUS_INVALID_PARAMETER, 0, None),
             Some(Ok(r)) => r,
         };
@@ -704,5 +789,97 @@ impl UpperLayer for Echo {
                 rdma_done(out, STATUS_SUCCESS, done.data.len() as u32, invalidate)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smbdirect_hugepages::{ClassId, HugepagePolicy, PoolConfig, SizeClass};
+
+    fn pool() -> BufferPool {
+        PoolConfig::new(1 << 20, 1)
+            .class(SizeClass::new("receive", 8192).per_slice(4))
+            .class(SizeClass::new("send", 1364).per_slice(4))
+            .hugepages(HugepagePolicy::Disable)
+            .mlock(false)
+            .build()
+            .unwrap()
+    }
+
+    fn replies<'a>(
+        alloc: &'a mut SliceAllocator,
+        pool: &'a BufferPool,
+        queued: &'a mut [QueuedReply],
+        message: Option<InPlace>,
+    ) -> Replies<'a> {
+        Replies {
+            alloc,
+            pool,
+            queued,
+            count: 0,
+            rdma: None,
+            max_read_write: 1 << 20,
+            completing: None,
+            disconnect: false,
+            hold: None,
+            message,
+            message_taken: false,
+        }
+    }
+
+    #[test]
+    fn reply_in_place_queues_the_message_once_and_only_where_it_may() {
+        let pool = pool();
+        let mut alloc = pool.claim_slice(0).unwrap();
+        let rbuf = alloc.alloc(ClassId::RECEIVE).unwrap();
+        let mut queued = [QueuedReply::EMPTY; 4];
+        let free_before = pool.class_stats(0, ClassId::SEND).unwrap().free;
+        let message = InPlace {
+            buf: rbuf,
+            offset: 24,
+            len: 512,
+        };
+        let mut out = replies(&mut alloc, &pool, &mut queued, Some(message));
+        assert_eq!(out.reply_in_place(), Ok(true));
+        // Once: the buffer can carry one reply.
+        assert_eq!(out.reply_in_place(), Ok(false));
+        // The message is the reply: holding it is ignored.
+        out.hold(7);
+        assert_eq!(out.hold, None);
+        assert!(out.message_taken);
+        assert_eq!(out.count, 1);
+        // No pool buffer was taken for it.
+        assert_eq!(
+            pool.class_stats(0, ClassId::SEND).unwrap().free,
+            free_before
+        );
+        assert_eq!(
+            queued[0],
+            QueuedReply {
+                buf: rbuf,
+                offset: 24,
+                len: 512,
+                invalidate: None,
+                in_place: true,
+            }
+        );
+
+        // Outside on_message (no message), or once held: a copy is needed.
+        let mut queued = [QueuedReply::EMPTY; 1];
+        let mut out = replies(&mut alloc, &pool, &mut queued, None);
+        assert_eq!(out.reply_in_place(), Ok(false));
+        out.message = Some(InPlace {
+            buf: rbuf,
+            offset: 0,
+            len: 1,
+        });
+        out.hold(3);
+        assert_eq!(out.reply_in_place(), Ok(false));
+        out.hold = None;
+        // A full reply array is backpressure, as for any reply.
+        out.count = 1;
+        assert_eq!(out.reply_in_place(), Err(Backpressure::SendQueueFull));
+        alloc.free(rbuf).unwrap();
     }
 }

@@ -290,8 +290,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         // The completion queue was armed and one full iteration has run
         // since without work: the worker may sleep.
         let mut armed = false;
+        // Stretched where a clock read is a system call (crate::clock).
+        let clock_idle_iterations = crate::clock::idle_polls_per_read(CLOCK_IDLE_ITERATIONS);
         loop {
-            if worked || idle_iterations >= CLOCK_IDLE_ITERATIONS {
+            if worked || idle_iterations >= clock_idle_iterations {
                 tick = nanos();
                 self.loop_now = PInstant::from_nanos(tick);
                 idle_iterations = 0;
@@ -605,7 +607,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 // older than any message still waiting.
                 while let Some(op) = slot.ep.rdma().and_then(|r| r.peek_done()) {
                     let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
-                    let mut queued = [(BufId::from_bits(0), 0u32, None); MAX_REPLIES];
+                    let mut queued = [QueuedReply::EMPTY; MAX_REPLIES];
                     let max_read_write = slot.ep.connection().params().max_read_write_size;
                     // SAFETY: the op is done: no work request of it is in
                     // flight and nothing writes its buffers until the
@@ -639,6 +641,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         completing: Some(op.slot),
                         disconnect: false,
                         hold: None,
+                        message: None,
+                        message_taken: false,
                     };
                     let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
                     let count = out.count;
@@ -666,7 +670,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 // now, or operations of its own), in wake order.
                 while let Some(&token) = slot.wakes.front() {
                     let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
-                    let mut queued = [(BufId::from_bits(0), 0u32, None); MAX_REPLIES];
+                    let mut queued = [QueuedReply::EMPTY; MAX_REPLIES];
                     let max_read_write = slot.ep.connection().params().max_read_write_size;
                     let Slot { ep, held, .. } = slot;
                     let k = held.iter().position(|(t, _)| *t == token);
@@ -687,6 +691,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         completing: None,
                         disconnect: false,
                         hold: None,
+                        message: None,
+                        message_taken: false,
                     };
                     let r = self.upper.on_wake(slot.conn, token, msg, &mut out);
                     let count = out.count;
@@ -724,8 +730,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 // Hand waiting messages to the upper layer, oldest first.
                 while let Some(d) = slot.deferred.front() {
                     let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
-                    let mut queued = [(BufId::from_bits(0), 0u32, None); MAX_REPLIES];
+                    let mut queued = [QueuedReply::EMPTY; MAX_REPLIES];
                     let max_read_write = slot.ep.connection().params().max_read_write_size;
+                    let message = slot.ep.in_place(d);
                     let (msg, rdma) = slot.ep.message_and_rdma(d);
                     let mut out = Replies {
                         alloc: &mut self.alloc,
@@ -737,10 +744,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         completing: None,
                         disconnect: false,
                         hold: None,
+                        message,
+                        message_taken: false,
                     };
                     let r = self.upper.on_message(slot.conn, msg, &mut out);
                     let count = out.count;
                     let hold = out.hold;
+                    let taken = out.message_taken;
                     if out.disconnect {
                         slot.closing.get_or_insert(CloseReason::UpperLayer);
                     }
@@ -758,6 +768,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     }
                     let d = slot.deferred.pop_front().expect("front exists");
                     match hold {
+                        // Its buffer went out as the reply (settle passed it
+                        // to the endpoint, or freed it if that failed).
+                        _ if taken => slot.ep.forget(d),
                         Some(t) => slot.held.push((t, d)),
                         None => slot.ep.release(d, &mut self.alloc),
                     }
@@ -846,9 +859,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             slot.ep.release(d, &mut self.alloc);
         }
         slot.wakes.clear();
-        for m in slot.ep.drain_queued() {
-            let _ = self.alloc.free(m);
-        }
+        slot.ep.free_queued(&mut self.alloc);
         // RDMA operations not in flight give their buffers back now; those
         // in flight once their (flushed) completions are in.
         slot.ep.release_rdma(&mut self.alloc);
@@ -930,12 +941,14 @@ fn settle<Q: crate::provider::QueuePair>(
 ) -> bool {
     match r {
         Ok(()) => {
-            for &(buf, len, invalidate) in queued {
-                if ep.send_with_invalidate(buf, len, invalidate).is_err() {
-                    let _ = alloc.free(buf);
+            for q in queued {
+                if ep.send_at(q.buf, q.offset, q.len, q.invalidate).is_err() {
+                    // An in-place reply's buffer is ours to free too: the
+                    // delivery it came from is forgotten, not released.
+                    let _ = alloc.free(q.buf);
                 } else {
                     WorkerStats::add(&stats.messages_out, 1);
-                    WorkerStats::add(&stats.bytes_out, len as u64);
+                    WorkerStats::add(&stats.bytes_out, q.len as u64);
                 }
             }
             if let Some(rdma) = ep.rdma_mut() {
@@ -944,8 +957,10 @@ fn settle<Q: crate::provider::QueuePair>(
             true
         }
         Err(bp) => {
-            for &(buf, _, _) in queued {
-                let _ = alloc.free(buf);
+            // An in-place reply's buffer is still the message's, which
+            // the handler gets again.
+            for q in queued.iter().filter(|q| !q.in_place) {
+                let _ = alloc.free(q.buf);
             }
             if let Some(rdma) = ep.rdma_mut() {
                 rdma.abort(alloc, completing);

@@ -538,6 +538,37 @@ fn final_segment_is_marked_so_the_caller_can_release_the_message() {
     assert_eq!(last, vec![false, false, true]);
 }
 
+#[test]
+fn a_message_sent_at_an_offset_is_sliced_from_there_and_fragmented_alike() {
+    // send_at: the message lies 24 bytes into its buffer (a received
+    // message echoed from its receive buffer); 3.1.5.1 fragmentation and
+    // the last-segment mark are those of `send`, only the slices move.
+    let (mut c, mut p) = established_default();
+    c.send_at(5, 24, 2500, None).unwrap();
+    let sent = drain(&mut c, ms(20), &mut p);
+    let slices: Vec<(u32, u32, bool)> = sent
+        .iter()
+        .map(|(t, _)| {
+            let s = t.payload.unwrap();
+            (s.offset, s.len, s.last)
+        })
+        .collect();
+    assert_eq!(
+        slices,
+        vec![(24, 1000, false), (1024, 1000, false), (2024, 500, true)]
+    );
+    for (t, b) in &sent {
+        assert_eq!(view(b).data_length(), t.payload.unwrap().len);
+        assert_eq!(view(b).data_offset(), 24);
+    }
+    assert_eq!(view(&sent[0].1).remaining_data_length(), 1500);
+    // A range past u32 is refused, not wrapped.
+    assert!(matches!(
+        c.send_at(6, u32::MAX - 10, 100, None),
+        Err(SendError::TooLarge { .. })
+    ));
+}
+
 // ---------------------------------------------------------------------------
 // 3.1.5.2 Sending a Negotiate Request Message
 // ---------------------------------------------------------------------------

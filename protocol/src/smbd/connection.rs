@@ -122,9 +122,10 @@ pub enum TransmitKind {
 /// A slice of a queued upper-layer message to place after the header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PayloadSlice {
-    /// The handle given to [`Connection::send`].
+    /// The handle given to [`Connection::send`] / [`Connection::send_at`].
     pub handle: u64,
-    /// Offset into that message.
+    /// Offset into the handle's bytes (the message's `offset` given to
+    /// [`Connection::send_at`] plus the bytes of earlier segments).
     pub offset: u32,
     /// Bytes.
     pub len: u32,
@@ -411,6 +412,19 @@ impl Connection {
         len: u32,
         invalidate_token: Option<u32>,
     ) -> Result<(), SendError> {
+        self.send_at(handle, 0, len, invalidate_token)
+    }
+
+    /// [`Connection::send`] of a message lying `offset` bytes into the
+    /// bytes `handle` names (e.g. a received message answered from its own
+    /// receive buffer): every [`PayloadSlice`] of it is offset accordingly.
+    pub fn send_at(
+        &mut self,
+        handle: u64,
+        offset: u32,
+        len: u32,
+        invalidate_token: Option<u32>,
+    ) -> Result<(), SendError> {
         if !self.is_established() {
             return Err(SendError::NotEstablished);
         }
@@ -423,9 +437,16 @@ impl Connection {
                 max: self.params.max_fragmented_send_size,
             });
         }
+        if offset.checked_add(len).is_none() {
+            return Err(SendError::TooLarge {
+                len,
+                max: u32::MAX - offset,
+            });
+        }
         self.send_queue
             .push(QueuedMessage {
                 handle,
+                base: offset,
                 len,
                 sent: 0,
                 invalidate_token,
@@ -748,7 +769,8 @@ impl Connection {
             Some(m) => {
                 let remaining = m.len - m.sent;
                 let seg = remaining.min(max_seg);
-                let offset = m.sent;
+                // No overflow: `send_at` checked base + len.
+                let offset = m.base + m.sent;
                 m.sent += seg;
                 let last_seg = m.sent == m.len;
                 repr.data_offset = DATA_TRANSFER_PAYLOAD_OFFSET as u32;

@@ -7,8 +7,10 @@
 /// are named by `handle`; the connection only tracks how far it got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuedMessage {
-    /// Caller's name for the message's bytes.
+    /// Caller's name for the bytes the message lies in.
     pub handle: u64,
+    /// Where the message starts in them (segments are sliced from here).
+    pub base: u32,
     /// Total length.
     pub len: u32,
     /// Bytes already sent in earlier fragments.
@@ -30,6 +32,7 @@ impl SendQueue {
     pub fn with_capacity(capacity: usize) -> Self {
         let empty = QueuedMessage {
             handle: 0,
+            base: 0,
             len: 0,
             sent: 0,
             invalidate_token: None,
@@ -106,6 +109,7 @@ mod tests {
     fn m(handle: u64) -> QueuedMessage {
         QueuedMessage {
             handle,
+            base: 0,
             len: 1,
             sent: 0,
             invalidate_token: None,
