@@ -1036,6 +1036,18 @@ impl DirStore {
         }
     }
 
+    /// [`alloc_slot`](Self::alloc_slot) for a READ or WRITE holding the
+    /// staging run `stage`: the run is given back when no slot is free.
+    fn alloc_staged_slot(
+        &mut self,
+        tag: Tag,
+        kind: Kind,
+        stage: Stage,
+    ) -> Result<usize, StoreError> {
+        self.alloc_slot(tag, kind)
+            .inspect_err(|_| self.staging.free(stage))
+    }
+
     fn alloc_slot(&mut self, tag: Tag, kind: Kind) -> Result<usize, StoreError> {
         if self.tags.len() >= MAX_OPS {
             return Err(StoreError::Busy);
@@ -2094,12 +2106,9 @@ impl DirStore {
                 got: 0,
             },
         };
-        let slot = match self.alloc_slot(tag, kind) {
+        let slot = match self.alloc_staged_slot(tag, kind, stage) {
             Ok(s) => s,
-            Err(e) => {
-                self.staging.free(stage);
-                return Poll::Ready(Err(e));
-            }
+            Err(e) => return Poll::Ready(Err(e)),
         };
         match self.submit_rw(slot) {
             Ok(()) => Poll::Pending,
@@ -2152,12 +2161,9 @@ impl DirStore {
             len,
             got: 0,
         };
-        let slot = match self.alloc_slot(tag, kind) {
+        let slot = match self.alloc_staged_slot(tag, kind, stage) {
             Ok(s) => s,
-            Err(e) => {
-                self.staging.free(stage);
-                return Poll::Ready(Err(e));
-            }
+            Err(e) => return Poll::Ready(Err(e)),
         };
         let buf = self.staging.ptr(stage);
         let (got, failed) = match self.files.get(h) {
