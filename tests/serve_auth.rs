@@ -344,19 +344,7 @@ fn signed_open(r: &mut Raw, dialect: Dialect, name: &str) -> ([u8; 16], FileId) 
     let (_, resp) = r.call(Command::TreeConnect, &tc, s);
     assert_eq!(resp.header.status, STATUS_SUCCESS);
     r.tree = resp.header.tree_id().unwrap();
-    let create = CreateRequestRepr {
-        security_flags: 0,
-        requested_oplock_level: OplockLevel::NONE,
-        impersonation_level: ImpersonationLevel::IMPERSONATION,
-        smb_create_flags: 0,
-        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
-        file_attributes: FileAttributes::NORMAL,
-        share_access: ShareAccess::READ | ShareAccess::WRITE,
-        create_disposition: CreateDisposition::OVERWRITE_IF,
-        create_options: CreateOptions::NON_DIRECTORY_FILE,
-        name: Utf16Str::new(name),
-        create_contexts: CreateContextList::EMPTY,
-    };
+    let create = create_req(name, CreateDisposition::OVERWRITE_IF);
     let (_, resp) = r.call(Command::Create, &create, s);
     assert_eq!(resp.header.status, STATUS_SUCCESS, "{dialect:?}");
     assert!(

@@ -300,19 +300,7 @@ fn smb2_negotiate_session_tree_create_read_write_inline_and_rdma_close() {
     };
     assert_eq!(dresp.create_action, CreateAction::CREATED);
     assert!(dresp.file_attributes.contains(FileAttributes::DIRECTORY));
-    let cr = CreateRequestRepr {
-        security_flags: 0,
-        requested_oplock_level: OplockLevel::NONE,
-        impersonation_level: ImpersonationLevel::IMPERSONATION,
-        smb_create_flags: 0,
-        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
-        file_attributes: FileAttributes::NORMAL,
-        share_access: ShareAccess::READ | ShareAccess::WRITE,
-        create_disposition: CreateDisposition::OVERWRITE_IF,
-        create_options: CreateOptions::NON_DIRECTORY_FILE,
-        name: Utf16Str::new("dir\\f.bin"),
-        create_contexts: CreateContextList::EMPTY,
-    };
+    let cr = create_req("dir\\f.bin", CreateDisposition::OVERWRITE_IF);
     let r = s.call(Command::Create, 1, &cr);
     let ResponseBody::Create(cresp) = ok(&r) else {
         panic!("create response")

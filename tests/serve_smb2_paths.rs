@@ -567,22 +567,6 @@ impl Raw {
     }
 }
 
-fn create_req(name: &str, disposition: CreateDisposition) -> CreateRequestRepr<'_> {
-    CreateRequestRepr {
-        security_flags: 0,
-        requested_oplock_level: OplockLevel::NONE,
-        impersonation_level: ImpersonationLevel::IMPERSONATION,
-        smb_create_flags: 0,
-        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
-        file_attributes: FileAttributes::NORMAL,
-        share_access: ShareAccess::READ | ShareAccess::WRITE,
-        create_disposition: disposition,
-        create_options: CreateOptions::NON_DIRECTORY_FILE,
-        name: Utf16Str::new(name),
-        create_contexts: CreateContextList::EMPTY,
-    }
-}
-
 fn close_req(fid: FileId) -> CloseRequestRepr {
     CloseRequestRepr {
         flags: CloseFlags::empty(),

@@ -226,3 +226,25 @@ pub fn registered_pool(
     let mr = unsafe { provider.register_pool(&pool) }.unwrap();
     (pool, mr)
 }
+
+/// A CREATE of a plain file for reading and writing (shared read/write,
+/// no contexts) with `disposition`.
+pub fn create_req(
+    name: &str,
+    disposition: smbdirect_protocol::smb2::CreateDisposition,
+) -> smbdirect_protocol::smb2::CreateRequestRepr<'_> {
+    use smbdirect_protocol::smb2::*;
+    CreateRequestRepr {
+        security_flags: 0,
+        requested_oplock_level: OplockLevel::NONE,
+        impersonation_level: ImpersonationLevel::IMPERSONATION,
+        smb_create_flags: 0,
+        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
+        file_attributes: FileAttributes::NORMAL,
+        share_access: ShareAccess::READ | ShareAccess::WRITE,
+        create_disposition: disposition,
+        create_options: CreateOptions::NON_DIRECTORY_FILE,
+        name: Utf16Str::new(name),
+        create_contexts: CreateContextList::EMPTY,
+    }
+}
