@@ -46,7 +46,9 @@
 # ours is a round trip, so the ratio is (our p50 / 2) / perftest's
 # t_typical (its median). `read` (the server RDMA-Writes the data, then
 # Sends the response) is compared with ib_write_lat, `write` (the server
-# RDMA-Reads it) with ib_read_lat. Target: send <= 1.1. Then (unless
+# RDMA-Reads it) with ib_read_lat. Target: send <= 1.1. A last row sends
+# 4 KiB with --max-send-size 4120 (one Send per message, as perftest's;
+# the other rows keep Windows' 1364, four Sends per 4 KiB). Then (unless
 # --no-cifs) a second table: the cifs rows of 6., from a second guest boot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -240,18 +242,26 @@ if [ "$in_guest" = 1 ]; then
 		wait "$srv" || true
 		echo "${line:-0}"
 	}
-	ours_of() { # WORKLOAD SIZE: our one-way latency, p50 round trip / 2
-		local rt
-		rt=$(metric_of p50 --provider verbs --listen "$ip:0" --workload "$1" --size "$2" \
-			--iterations "$iterations" --file-size 4M)
+	ours_of() { # WORKLOAD SIZE [BENCH FLAGS]: our one-way latency, p50 round trip / 2
+		local rt w=$1 size=$2
+		shift 2
+		rt=$(metric_of p50 --provider verbs --listen "$ip:0" --workload "$w" --size "$size" \
+			--iterations "$iterations" --file-size 4M "$@")
 		awk -v r="$rt" 'BEGIN { printf "%.2f", r / 2 }'
 	}
-	for size in 64 512 4096; do
-		for spec in "send:ib_send_lat:1.1" "read:ib_write_lat:-" "write:ib_read_lat:-"; do
+	# The last row: 4 KiB with a MaxSendSize that carries it in one Send
+	# (4096 + the 24-byte header), as ib_send_lat -s 4096 posts one; the
+	# rows before it keep Windows' 1364 (four Sends per 4 KiB message).
+	for size in 64 512 4096 4096:4120; do
+		extra=()
+		case $size in *:*) extra=(--max-send-size "${size#*:}") size=${size%%:*} ;; esac
+		specs=("send:ib_send_lat:1.1" "read:ib_write_lat:-" "write:ib_read_lat:-")
+		[ ${#extra[@]} -gt 0 ] && specs=("send:ib_send_lat:1.1")
+		for spec in "${specs[@]}"; do
 			IFS=: read -r w tool target <<<"$spec"
 			as=() bs=() ratios=()
 			for ((i = 0; i < pairs; i++)); do
-				pa=$(ours_of "$w" "$size")
+				pa=$(ours_of "$w" "$size" "${extra[@]}")
 				pb=$(perftest_of "$tool" "$size")
 				as+=("$pa")
 				bs+=("$pb")
@@ -261,7 +271,7 @@ if [ "$in_guest" = 1 ]; then
 			ma=$(printf '%s\n' "${as[@]}" | median)
 			mb=$(printf '%s\n' "${bs[@]}" | median)
 			mr=$(printf '%s\n' "${ratios[@]}" | median)
-			rows+=("| rxe: $w $size B one-way (p50 round trip / 2) vs $tool t_typical | \`bench --workload $w --size $size --provider verbs\` | $ma | \`$tool -s $size -n $iterations\` | $mb | $(printf '%.3f' "$mr") | <= $target | $(verdict "$mr" "<=" "$target") | ${ratios[*]} |")
+			rows+=("| rxe: $w $size B${extra[*]:+ (${extra[*]})} one-way (p50 round trip / 2) vs $tool t_typical | \`bench --workload $w --size $size --provider verbs${extra[*]:+ ${extra[*]}}\` | $ma | \`$tool -s $size -n $iterations\` | $mb | $(printf '%.3f' "$mr") | <= $target | $(verdict "$mr" "<=" "$target") | ${ratios[*]} |")
 		done
 	done
 	print_table "smbdirectd bench: verbs (Soft-RoCE rxe0 in the rxe-vm guest) vs perftest" \

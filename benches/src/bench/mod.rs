@@ -89,6 +89,7 @@ fn plan(opts: &BenchOptions) -> runner::Plan {
 fn report(opts: &BenchOptions, provider: &'static str, m: runner::Measurement) -> Report {
     Report {
         smb2: None,
+        max_send_size: None,
         memcpy_span: opts.memcpy_span.map(|s| (s, opts.smb2.read_pct)),
         workload: opts.workload.name(),
         size: if opts.workload == WorkloadKind::Pingpong {
@@ -185,7 +186,9 @@ fn run_on<P: Provider>(
             if let Some(s) = server {
                 s.shutdown();
             }
-            r?
+            let mut rep = report(opts, name, r?);
+            rep.max_send_size = w.negotiated_max_send_size();
+            return Ok(rep);
         }
         WorkloadKind::RawSend => {
             let Target::Loopback(listen) = opts.target else {

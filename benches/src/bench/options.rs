@@ -23,6 +23,17 @@ pub const MAX_QUEUE_DEPTH: u32 = 255;
 /// Most connections.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// `--max-send-size` when not given: Windows' MaxSendSize ([MS-SMBD]
+/// Appendix B), the value [`SmbdConfig::default`] carries.
+///
+/// [`SmbdConfig::default`]: smbdirect_protocol::smbd::SmbdConfig
+pub const DEFAULT_MAX_SEND_SIZE: u32 = 1364;
+/// Smallest `--max-send-size`: [MS-SMBD] 3.1.5.2's minimum receive size.
+pub const MIN_MAX_SEND_SIZE: u32 = 128;
+/// Largest `--max-send-size`: the MaxReceiveSize both ends post (8192), so
+/// a larger value would never be used.
+pub const MAX_MAX_SEND_SIZE: u32 = 8192;
+
 /// `--file-size` of the SMB2 workloads when not given.
 pub const DEFAULT_FILE_SIZE: &str = "64M";
 
@@ -148,6 +159,13 @@ pub struct BenchArgs {
     /// RDMA channel.
     #[arg(long)]
     pub inline: bool,
+    /// [MS-SMBD] Connection.MaxSendSize of both ends: the client's
+    /// PreferredSendSize in its Negotiate Request (3.1.5.2) and the
+    /// --loopback server's own limit. A message travels in one Send when it
+    /// fits the smaller of this and the peer's MaxReceiveSize (8192 here),
+    /// else in fragments (3.1.5.1). The default is Windows' 1364.
+    #[arg(long, default_value_t = DEFAULT_MAX_SEND_SIZE, value_name = "BYTES")]
+    pub max_send_size: u32,
     /// mixed: percentage of READs.
     #[arg(long, default_value_t = 50)]
     pub read_pct: u8,
@@ -262,6 +280,9 @@ pub struct BenchOptions {
     pub workload: WorkloadKind,
     /// Bytes per operation.
     pub size: usize,
+    /// `--max-send-size`: Connection.MaxSendSize of the client and of the
+    /// --loopback server.
+    pub max_send_size: u32,
     /// SMB2 workload parameters.
     pub smb2: Smb2Options,
     /// memcpy: bytes the sources walk through (`--file-size`; None: one
@@ -382,6 +403,12 @@ impl BenchOptions {
                 "--size {size}: want 1..={MAX_MESSAGE_SIZE} bytes (the default MaxFragmentedSize)"
             ));
         }
+        if !(MIN_MAX_SEND_SIZE..=MAX_MAX_SEND_SIZE).contains(&a.max_send_size) {
+            return usage(format!(
+                "--max-send-size {}: want {MIN_MAX_SEND_SIZE}..={MAX_MAX_SEND_SIZE} bytes ([MS-SMBD] 3.1.5.2: a receive is at least 128 bytes; at most the MaxReceiveSize both ends post)",
+                a.max_send_size
+            ));
+        }
         if a.read_pct > 100 {
             return usage(format!("--read-pct {}: want 0..=100", a.read_pct));
         }
@@ -427,6 +454,7 @@ impl BenchOptions {
             rate: a.rate,
             workload: a.workload,
             size,
+            max_send_size: a.max_send_size,
             smb2: Smb2Options {
                 inline: a.inline,
                 read_pct: a.read_pct,
@@ -481,6 +509,11 @@ mod tests {
         assert_eq!(o.stop, Stop::After(Duration::from_secs(5)));
         assert_eq!(o.client_cores.len(), 1);
         assert_eq!(o.server_cores.len(), 1);
+        assert_eq!(o.max_send_size, 1364);
+        assert_eq!(
+            o.max_send_size,
+            smbdirect_protocol::smbd::SmbdConfig::default().max_send_size
+        );
     }
 
     #[test]
@@ -519,6 +552,8 @@ mod tests {
             &["--loopback", "--read-pct", "101"],
             &["--loopback", "--workload", "pingpong", "--queue-depth", "2"],
             &["--loopback", "--reservation", "10", "--limit", "5"],
+            &["--loopback", "--max-send-size", "127"],
+            &["--loopback", "--max-send-size", "8193"],
         ] {
             let e = parse(bad).expect_err("rejected");
             assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");

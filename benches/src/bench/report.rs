@@ -39,6 +39,10 @@ pub struct Report {
     /// `memcpy --file-size`: the region's bytes and the percentage of
     /// copies out of it (JSON `file_size`, `read_pct`).
     pub memcpy_span: Option<(u64, u8)>,
+    /// `send`: the Connection.MaxSendSize the client negotiated ([MS-SMBD]
+    /// 3.1.5.3): a message above it travels in fragments (JSON
+    /// `max_send_size`).
+    pub max_send_size: Option<u32>,
 }
 
 /// What the SMB2 workloads add to a report.
@@ -238,6 +242,14 @@ impl Report {
             self.m.errors,
             if self.verify { "on" } else { "off" }
         );
+        if let Some(m) = self.max_send_size {
+            let sends = self.size.div_ceil(m.saturating_sub(24).max(1) as usize);
+            let _ = write!(
+                s,
+                ", MaxSendSize {m} ({sends} Send{} per message)",
+                if sends == 1 { "" } else { "s" }
+            );
+        }
         if let Some(flows) = self.smb2.as_ref().and_then(|x| x.flows.as_ref()) {
             for f in flows {
                 let _ = write!(
@@ -294,6 +306,9 @@ impl Report {
         field("pinned", self.m.pinned.to_string());
         field("server_cores", cores_json(&self.server_cores));
         field("client_cores", cores_json(&self.client_cores));
+        if let Some(m) = self.max_send_size {
+            field("max_send_size", m.to_string());
+        }
         if let Some((span, pct)) = self.memcpy_span {
             field("file_size", span.to_string());
             field("read_pct", pct.to_string());
@@ -364,6 +379,7 @@ mod tests {
             },
             smb2: None,
             memcpy_span: None,
+            max_send_size: None,
         }
     }
 

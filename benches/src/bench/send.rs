@@ -19,6 +19,7 @@ use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{Backing, HugepagePolicy, PoolConfig, SizeClass};
 use smbdirect_protocol::smbd::SmbdConfig;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,10 +28,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The SMB Direct parameters of the loopback server: the Windows defaults,
 /// with 1 MiB RDMA staging buffers (the echo never needs the default
-/// 8 MiB ones, and they would cost 8 MiB per message in flight).
-pub fn loopback_smbd() -> SmbdConfig {
+/// 8 MiB ones, and they would cost 8 MiB per message in flight) and
+/// `--max-send-size`.
+pub fn loopback_smbd(opts: &BenchOptions) -> SmbdConfig {
     SmbdConfig {
         max_read_write_size: 1 << 20,
+        max_send_size: opts.max_send_size,
+        ..SmbdConfig::default()
+    }
+}
+
+/// The SMB Direct parameters of a bench client: the Windows defaults with
+/// `--max-send-size` (its PreferredSendSize, [MS-SMBD] 3.1.5.2).
+pub(crate) fn client_smbd(opts: &BenchOptions) -> SmbdConfig {
+    SmbdConfig {
+        max_send_size: opts.max_send_size,
         ..SmbdConfig::default()
     }
 }
@@ -45,9 +57,10 @@ pub fn loopback_smbd() -> SmbdConfig {
 pub(crate) fn server_pool_mem(opts: &BenchOptions, size: usize) -> usize {
     let workers = opts.server_cores.len().max(1);
     let conns = opts.connections.div_ceil(workers);
-    let smbd = loopback_smbd();
+    let smbd = loopback_smbd(opts);
     let receives = conns * (smbd.receive_credit_max as usize + 16) * 8192 * 100 / 25;
-    let sends = conns * (smbd.send_credit_target as usize + 64) * 1408 * 100 / 10;
+    let send_buf = (smbd.max_send_size as usize).next_multiple_of(64) + 64;
+    let sends = conns * (smbd.send_credit_target as usize + 64) * send_buf * 100 / 10;
     let in_flight = conns * (2 * opts.queue_depth as usize + 4);
     let messages = if size <= smbd.max_receive_size as usize {
         0
@@ -70,7 +83,7 @@ pub(crate) fn loopback_server_config(
         listen,
         worker_cores: opts.server_cores.clone(),
         cp_core: None,
-        smbd: loopback_smbd(),
+        smbd: loopback_smbd(opts),
         queue_depth: opts.queue_depth,
         max_connections: opts.connections,
         pool_mem,
@@ -105,6 +118,9 @@ pub struct SendWorkload<'a, P: Provider> {
     size: usize,
     queue_depth: u32,
     verify: bool,
+    smbd: SmbdConfig,
+    /// Connection.MaxSendSize the last connection negotiated (0: none yet).
+    negotiated: AtomicU32,
     retained: &'a Retained,
 }
 
@@ -123,8 +139,17 @@ impl<'a, P: Provider> SendWorkload<'a, P> {
             size: opts.size,
             queue_depth: opts.queue_depth,
             verify: opts.verify,
+            smbd: client_smbd(opts),
+            negotiated: AtomicU32::new(0),
             retained,
         }
+    }
+
+    /// The Connection.MaxSendSize a connection negotiated ([MS-SMBD]
+    /// 3.1.5.3: the smaller of ours and the server's MaxReceiveSize), if
+    /// one connected.
+    pub fn negotiated_max_send_size(&self) -> Option<u32> {
+        Some(self.negotiated.load(Ordering::Relaxed)).filter(|&m| m != 0)
     }
 }
 
@@ -179,7 +204,7 @@ impl<P: Provider> Workload for SendWorkload<'_, P> {
     }
 
     fn open(&self, index: usize) -> Result<SendSession<P>, BenchError> {
-        let cfg = SmbdConfig::default();
+        let cfg = self.smbd.clone();
         let pool = client_pool(&cfg, self.size, self.queue_depth)
             .build()
             .map_err(|e| {
@@ -197,7 +222,10 @@ impl<P: Provider> Workload for SendWorkload<'_, P> {
         let client =
             Client::connect(&*self.provider, self.addr, cfg, alloc, mr, CONNECT_TIMEOUT)
                 .map_err(|e| client_error(index, &format!("connecting to {}", self.addr), e))?;
-        let max = client.connection().params().max_fragmented_send_size as usize;
+        let params = client.connection().params();
+        self.negotiated
+            .store(params.max_send_size, Ordering::Relaxed);
+        let max = params.max_fragmented_send_size as usize;
         if self.size > max {
             let _ = client.close(Duration::from_secs(1));
             return Err(BenchError::Usage(format!(

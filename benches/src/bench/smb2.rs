@@ -42,7 +42,7 @@
 use super::error::BenchError;
 use super::options::{BenchOptions, WorkloadKind};
 use super::pattern;
-use super::send::{client_pool, loopback_server_config, server_pool_mem};
+use super::send::{client_pool, client_smbd, loopback_server_config, server_pool_mem};
 use super::workload::{Outcome, Session, Workload};
 use super::Retained;
 use smbdirect_controlplane::{start, RunningServer};
@@ -173,6 +173,7 @@ pub struct Smb2Workload<'a, P: Provider> {
     queue_depth: u32,
     connections: usize,
     verify: bool,
+    smbd: SmbdConfig,
     transfer_inline: bool,
     read_pct: u8,
     /// Blocks of each (connection, slot) region.
@@ -232,6 +233,7 @@ impl<'a, P: Provider> Smb2Workload<'a, P> {
             queue_depth: opts.queue_depth,
             connections: opts.connections,
             verify: opts.verify,
+            smbd: client_smbd(opts),
             transfer_inline: opts.smb2.inline,
             read_pct: match opts.workload {
                 WorkloadKind::Read => 100,
@@ -272,7 +274,7 @@ impl<'a, P: Provider> Smb2Workload<'a, P> {
         io_size: usize,
         queue_depth: u32,
     ) -> Result<Smb2Client<P>, BenchError> {
-        let cfg = SmbdConfig::default();
+        let cfg = self.smbd.clone();
         // Inline, every request or response also needs a message buffer of
         // the data plus its SMB2 header (sent, or reassembled).
         let pool = if self.transfer_inline {
