@@ -593,8 +593,9 @@ fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, setup: UpperSetu
             store.describe()
         );
     }
+    // (a signal also cuts the sleep short when it lands on this thread)
     while !signals::stop_requested() {
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(100));
     }
     println!("smbdirectd: shutting down");
     let stats = server.shutdown();

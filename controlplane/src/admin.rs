@@ -47,6 +47,12 @@ impl AdminSocket {
     }
 
     /// Path.
+    /// The listening socket's descriptor (readable: a request is waiting).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.listener.as_raw_fd()
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -303,6 +303,14 @@ impl QosEngine {
         }
     }
 
+    /// How long until [`tick`](Self::tick) has periodic work (zero: now).
+    pub fn next_tick_in(&self) -> std::time::Duration {
+        if self.dirty {
+            return std::time::Duration::ZERO;
+        }
+        ALLOCATION_PERIOD.saturating_sub(self.last_tick.elapsed())
+    }
+
     /// Periodic work: expire flows, recompute and push rates. Returns the
     /// messages for the workers (worker index, message).
     pub fn tick(&mut self, force: bool) -> Vec<(usize, UpperControl)> {

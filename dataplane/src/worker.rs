@@ -28,15 +28,21 @@
 //! completion queue (`ibv_req_notify_cq`), run one more full iteration (a
 //! completion that arrived before the arm raises no event), then `poll(2)`
 //! the channel's descriptor; the events are read and acknowledged after.
-//! Ring messages from the control plane raise no wake-up: the bound of
-//! [`IDLE_SLEEP`] is the delay they may see (and the timers', which are
-//! scanned every millisecond anyway).
+//! The control plane rings the worker's [`Doorbell`] after pushing to its
+//! ring ([`Worker::with_doorbells`]; the worker polls it with the channel),
+//! so a message wakes it at once and a sleep may last [`IDLE_SLEEP_RUNG`],
+//! the lateness its timers accept; without a doorbell a sleep lasts
+//! [`IDLE_SLEEP`] at most, the delay a ring message may then see. An idle
+//! worker thus wakes 100 times a second, not 1,000: where every system
+//! call is expensive (the Soft-RoCE guest), an idle server's workers and
+//! control plane had used half a vCPU between them.
 
 use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{Delivery, Endpoint, EndpointError, Event, RDMA_OPS_PER_CONNECTION};
 use crate::idhash::{id_map, IdMap};
 use crate::planes::{
-    CloseReason, ConnId, FromWorker, Ring, ToWorker, WorkerStats, LOANED_RECEIVES,
+    wait_readable, CloseReason, ConnId, Doorbell, FromWorker, Ring, ToWorker, WorkerStats,
+    LOANED_RECEIVES,
 };
 use crate::provider::{
     Completion, CompletionQueue, MemoryRegion, Provider, QpId, QpState, QueuePair, WcStatus,
@@ -65,6 +71,13 @@ const MAX_REPLIES: usize = 4;
 /// Longest idle sleep on the completion queue's descriptor: how late a
 /// control-plane ring message or a timer may be seen by a sleeping worker.
 pub const IDLE_SLEEP: Duration = Duration::from_millis(1);
+/// The longest idle sleep of a worker whose control plane rings its
+/// doorbell ([`Worker::with_doorbells`]): ring messages wake it, so only
+/// its timers bound the sleep (keepalive and negotiation timers of
+/// seconds, [MS-SMBD] 3.1.6; they fire up to this late).
+pub const IDLE_SLEEP_RUNG: Duration = Duration::from_millis(10);
+/// The same for a worker with no connection (no timers at all).
+pub const IDLE_SLEEP_EMPTY: Duration = Duration::from_millis(100);
 /// One idle nap where the worker cannot sleep on its completion queue.
 pub const IDLE_NAP: Duration = Duration::from_micros(50);
 
@@ -166,6 +179,14 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// The clock, read once per poll-loop iteration (a clock read costs
     /// tens of nanoseconds; everything in one iteration shares it).
     loop_now: PInstant,
+    /// Rung by the control plane after it pushes to `inbox`: lets a
+    /// sleeping worker sleep past [`IDLE_SLEEP`] (see the module docs).
+    bell: Option<Arc<Doorbell>>,
+    /// The control plane's doorbell, rung after pushing to `outbox`.
+    cp_bell: Option<Arc<Doorbell>>,
+    /// Something was pushed to `outbox` since the control plane's doorbell
+    /// was last rung.
+    told: bool,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -219,7 +240,19 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             origin: Instant::now(),
             loop_now: PInstant::ZERO,
             shutdown_at: None,
+            bell: None,
+            cp_bell: None,
+            told: false,
         }
+    }
+
+    /// Doorbells: `own`, which the control plane rings after pushing to this
+    /// worker's inbox (a sleep may then last [`IDLE_SLEEP_RUNG`]), and the
+    /// control plane's, rung after pushing to its ring.
+    pub fn with_doorbells(mut self, own: Arc<Doorbell>, cp: Arc<Doorbell>) -> Self {
+        self.bell = Some(own);
+        self.cp_bell = Some(cp);
+        self
     }
 
     /// Records every message of every connection into `capture`.
@@ -242,8 +275,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     fn tell_cp(&mut self, m: FromWorker) {
         // A full ring is backpressure: keep the message (bounded by the
         // connections we hold) and retry every loop.
-        if let Err(m) = self.outbox.push(m) {
-            self.pending_out.push_back(m);
+        match self.outbox.push(m) {
+            Ok(()) => self.told = true,
+            Err(m) => self.pending_out.push_back(m),
         }
     }
 
@@ -252,6 +286,37 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             if let Err(m) = self.outbox.push(m) {
                 self.pending_out.push_front(m);
                 break;
+            }
+            self.told = true;
+        }
+        if std::mem::take(&mut self.told) {
+            if let Some(b) = &self.cp_bell {
+                b.ring();
+            }
+        }
+    }
+
+    /// Sleeps until a completion (`cq_fd` readable), a control-plane
+    /// message (with a doorbell) or the timeout: [`IDLE_SLEEP_RUNG`] where
+    /// the control plane rings, else [`IDLE_SLEEP`].
+    fn sleep(&self, cq_fd: std::os::fd::RawFd) {
+        match &self.bell {
+            Some(bell) => {
+                bell.arm();
+                // The last look: a message pushed before the arm rang no one.
+                // With no connection there are no timers: only a ring
+                // message (an Attach) can give the worker work.
+                let timeout = if self.occupied.iter().all(|&w| w == 0) {
+                    IDLE_SLEEP_EMPTY
+                } else {
+                    IDLE_SLEEP_RUNG
+                };
+                let rung =
+                    self.inbox.is_empty() && wait_readable(&[cq_fd, bell.fd()], timeout) & 2 != 0;
+                bell.disarm(rung);
+            }
+            None => {
+                wait_readable(&[cq_fd], IDLE_SLEEP);
             }
         }
     }
@@ -357,7 +422,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     // Armed just now: one more iteration before sleeping.
                     Some(_) if !armed => armed = true,
                     Some(fd) => {
-                        sleep_on(fd, IDLE_SLEEP);
+                        self.sleep(fd);
                         self.cq.disarm();
                         WorkerStats::add(&self.stats.idle_sleeps, 1);
                         // Arm (a no-op if still armed) and look once more
@@ -801,8 +866,9 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 if !slot.reported_established && slot.ep.connection().is_established() {
                     slot.reported_established = true;
                     let conn = slot.conn;
-                    if self.outbox.push(FromWorker::Established { conn }).is_err() {
-                        self.pending_out.push_back(FromWorker::Established { conn });
+                    match self.outbox.push(FromWorker::Established { conn }) {
+                        Ok(()) => self.told = true,
+                        Err(m) => self.pending_out.push_back(m),
                     }
                 }
                 any = true;
@@ -893,22 +959,6 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             slot.closing.get_or_insert(reason);
         }
     }
-}
-
-/// Sleeps until `fd` is readable or `timeout` has passed (`poll(2)`; an
-/// error or a signal just ends the sleep early).
-fn sleep_on(fd: std::os::fd::RawFd, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-    unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
 }
 
 /// The lowest set bit at or after `from` in the bitmap `bits` (bit `i` is

@@ -409,6 +409,14 @@ pub trait Listener<P: Provider + ?Sized>: Send {
     fn accept_request(&mut self, timeout: Duration) -> Result<Option<P::Request>, ProviderError>;
     /// Bound address.
     fn local_addr(&self) -> SocketAddr;
+    /// A descriptor that polls readable (`POLLIN`) while a connection
+    /// request (or another event [`accept_request`](Self::accept_request)
+    /// consumes) is waiting, so the caller can sleep in `poll(2)` with its
+    /// other descriptors; `None` (the default): poll `accept_request`
+    /// with a timeout instead.
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// An RDMA provider (device + protection domain).

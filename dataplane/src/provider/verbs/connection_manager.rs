@@ -730,6 +730,12 @@ impl Listener<VerbsProvider> for VerbsListener {
     fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// The listener's own event channel (rdma_cm's `fd`, readable while an
+    /// event is queued).
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.channel.fd())
+    }
 }
 
 /// A connection request waiting at a [`VerbsListener`]. Dropping it rejects.
