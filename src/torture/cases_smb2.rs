@@ -230,6 +230,13 @@ pub(super) fn cases<P: Provider>() -> Vec<Case<P>> {
             run: read_overlapping::<P>,
         },
         Case {
+            name: "smb2-read-rdma-into-a-revoked-buffer",
+            layer: Layer::Smb2,
+            rule: "[MS-SMB2] 3.3.5.12; [MS-SMBD] 1.5, 3.1.4.5 (the RDMA Write fails: the response behind it is never delivered)",
+            expected: "disconnect without a response",
+            run: read_revoked::<P>,
+        },
+        Case {
             name: "smb2-write-rdma-overlapping-descriptors",
             layer: Layer::Smb2,
             rule: "[MS-SMB2] 3.3.5.13; [MS-SMBD] 3.1.4.3 (the descriptor array describes each location of the buffer)",
@@ -783,6 +790,35 @@ fn read_overlapping<P: Provider>(rig: &mut Rig<P>) -> Outcome {
             io.s.build(Command::Read, 1, &req)?,
         ))
     })
+}
+
+/// A READ whose buffer the client revoked before sending it: the server's
+/// RDMA Write is refused, which breaks the queue pair; the response the
+/// server posts right behind the Write (docs/spec-notes.md, "A READ's
+/// response follows its RDMA Write") must never arrive.
+fn read_revoked<P: Provider>(rig: &mut Rig<P>) -> Outcome {
+    let mut io = Io::open(rig, "readrevoked")?;
+    let built = io
+        .grant(IO_LEN as usize, Access::RemoteWrite)
+        .and_then(|d| {
+            io.s.client_mut()
+                .revoke(d.token)
+                .map_err(|e| format!("revoke: {e}"))?;
+            io.rkeys.retain(|&k| k != d.token);
+            let descs = [d];
+            let req = read_req(io.fid, IO_LEN, Channel::RdmaV1Invalidate, &descs);
+            io.s.build(Command::Read, 1, &req)
+        });
+    let bytes = match built {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = io.close(Observation::fail(String::new()));
+            return Err(e);
+        }
+    };
+    let mut o = expect_disconnect(&mut io.s, &bytes, rig);
+    o.text = format!("READ of {IO_LEN} bytes into a revoked buffer: {}", o.text);
+    io.close(o)
 }
 
 fn write_overlapping<P: Provider>(rig: &mut Rig<P>) -> Outcome {
