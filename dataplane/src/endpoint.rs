@@ -1524,19 +1524,10 @@ impl<Q: QueuePair> Endpoint<Q> {
             let (n, bytes) = (c.n, c.bytes);
             let ch = &*c;
             // Only the `n` requests of the chain are built (most chains of
-            // small transfers hold one).
-            const UNUSED: SendWr<'static> = SendWr {
-                wr_id: 0,
-                op: SendOp::RdmaWrite {
-                    sges: &[],
-                    remote: RemoteBuf { addr: 0, rkey: 0 },
-                },
-                signaled: false,
-            };
-            let mut wrs = [UNUSED; RDMA_CHAIN];
-            for (k, wr) in wrs[..n].iter_mut().enumerate() {
+            // small transfers hold one: no array of 16 to initialise).
+            let make = |k: usize| {
                 let (sges, remote) = (&ch.sges[k][..ch.nsge[k]], ch.remotes[k]);
-                *wr = SendWr {
+                SendWr {
                     wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
                     op: match op.kind {
                         RdmaKind::Read => SendOp::RdmaRead { sges, remote },
@@ -1545,9 +1536,26 @@ impl<Q: QueuePair> Endpoint<Q> {
                     // Selective signaling: the chain's last request completes
                     // for all of them (errors always complete).
                     signaled: k + 1 == n,
+                }
+            };
+            let posted = if n == 1 {
+                qp.post_send(&[make(0)])
+            } else {
+                const UNUSED: SendWr<'static> = SendWr {
+                    wr_id: 0,
+                    op: SendOp::RdmaWrite {
+                        sges: &[],
+                        remote: RemoteBuf { addr: 0, rkey: 0 },
+                    },
+                    signaled: false,
                 };
-            }
-            match qp.post_send(&wrs[..n]) {
+                let mut wrs = [UNUSED; RDMA_CHAIN];
+                for (k, wr) in wrs[..n].iter_mut().enumerate() {
+                    *wr = make(k);
+                }
+                qp.post_send(&wrs[..n])
+            };
+            match posted {
                 Ok(()) => {}
                 // The provider counts work requests we do not (grants,
                 // revokes): try again after completions.

@@ -1235,12 +1235,32 @@ impl Core {
         }
     }
 
-    fn lookup(c: &Conn, fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
-        let fid = if related && fid == FileId::ANY {
-            chain.file.ok_or(STATUS_INVALID_PARAMETER)?
+    /// [`Core::lookup`] and the Open, with one map lookup (READ and WRITE).
+    fn lookup_mut<'c>(
+        c: &'c mut Conn,
+        fid: FileId,
+        chain: &Chain,
+        related: bool,
+    ) -> Result<(FileId, &'c mut Open), NtStatus> {
+        let fid = Self::related_fid(fid, chain, related)?;
+        match c.opens.get_mut(&fid.volatile) {
+            Some(o) if o.persistent == fid.persistent => Ok((fid, o)),
+            _ => Err(STATUS_FILE_CLOSED),
+        }
+    }
+
+    /// The FileId a request names: a related request's FileId::ANY is the
+    /// previous one of its compound ([MS-SMB2] 3.3.5.2.7.2).
+    fn related_fid(fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
+        if related && fid == FileId::ANY {
+            chain.file.ok_or(STATUS_INVALID_PARAMETER)
         } else {
-            fid
-        };
+            Ok(fid)
+        }
+    }
+
+    fn lookup(c: &Conn, fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
+        let fid = Self::related_fid(fid, chain, related)?;
         match c.opens.get(&fid.volatile) {
             Some(o) if o.persistent == fid.persistent => Ok(fid),
             _ => Err(STATUS_FILE_CLOSED),
@@ -1749,8 +1769,7 @@ impl Core {
             // No oplocks or leases are ever granted (3.3.5.22).
             RequestBody::OplockBreak(_) => Err(STATUS_INVALID_OPLOCK_PROTOCOL),
             RequestBody::Read(r) => {
-                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
-                let o = c.opens.get_mut(&fid.volatile).ok_or(STATUS_FILE_CLOSED)?;
+                let (fid, o) = Self::lookup_mut(c, r.file_id, &ex.chain, related)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
@@ -1825,8 +1844,7 @@ impl Core {
                 }
             }
             RequestBody::Write(r) => {
-                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
-                let o = c.opens.get_mut(&fid.volatile).ok_or(STATUS_FILE_CLOSED)?;
+                let (fid, o) = Self::lookup_mut(c, r.file_id, &ex.chain, related)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
