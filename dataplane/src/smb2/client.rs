@@ -1534,25 +1534,10 @@ impl<P: Provider> Smb2Client<P> {
     /// connection is dead and every outstanding request has been handed
     /// out (with the transport error).
     pub fn poll(&mut self, timeout: Duration) -> Result<Option<Completion>, Smb2Error> {
-        if timeout.is_zero() {
-            // One step, as the loop below makes with a deadline already
-            // past, without reading the clock (a busy-polling caller makes
-            // this call once per completion and per empty poll).
-            self.finish();
-            if let Some(d) = self.st.ready.pop_front() {
-                return Ok(Some(d.completion));
-            }
-            if self.st.pending.is_empty() {
-                return match &self.st.dead {
-                    Some(e) => Err(Smb2Error::Transport(e.clone())),
-                    None => Ok(None),
-                };
-            }
-            let _ = self.step_raw();
-            self.finish();
-            return Ok(self.st.ready.pop_front().map(|d| d.completion));
-        }
-        let deadline = Instant::now() + timeout;
+        // A zero timeout polls once and never reads the clock (a
+        // busy-polling caller makes this call once per completion and per
+        // empty poll).
+        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
         let mut spins = 0;
         loop {
             self.finish();
@@ -1567,7 +1552,7 @@ impl<P: Provider> Smb2Client<P> {
             }
             // At least one step, so a zero timeout polls once.
             let progress = self.step_raw().unwrap_or(true);
-            if Instant::now() >= deadline {
+            if deadline.map_or(true, |d| Instant::now() >= d) {
                 self.finish();
                 return Ok(self.st.ready.pop_front().map(|d| d.completion));
             }
