@@ -238,6 +238,22 @@ struct Op {
     /// Chains posted and not yet retired (each ends in a signaled request).
     chains: u32,
     cont: Option<Continuation>,
+    /// A reply to send right behind this (Write) operation
+    /// ([`RdmaOps::attach_reply`]): handed to the connection once the last
+    /// work request is posted, so the Send follows the Write on the queue
+    /// pair. Taken (None) once handed over.
+    reply: Option<AttachedReply>,
+    /// The operation's reply went (or goes) with it: its completion frees it
+    /// without calling the upper layer back.
+    detached: bool,
+}
+
+/// A reply attached to an RDMA Write (see [`Op::reply`]).
+#[derive(Debug, Clone, Copy)]
+struct AttachedReply {
+    buf: BufId,
+    len: u32,
+    invalidate: Option<u32>,
 }
 
 impl Op {
@@ -256,6 +272,8 @@ impl Op {
         wrs: 0,
         chains: 0,
         cont: None,
+        reply: None,
+        detached: false,
     };
 
     /// Where its encoded pieces lie in the aux buffer.
@@ -298,6 +316,8 @@ pub struct RdmaOps {
     pins: Option<Arc<dyn Pins>>,
     /// SGEs per work request a zero-copy operation may use.
     max_sge: usize,
+    /// Where the search for a free slot starts ([`RdmaOps::free_slot`]).
+    scan_from: usize,
 }
 
 /// A pool buffer of at least `len` bytes: the smallest class that holds it,
@@ -499,6 +519,7 @@ impl RdmaOps {
             stats: RdmaStats::default(),
             pins: None,
             max_sge: 1,
+            scan_from: 0,
         }
     }
 
@@ -530,6 +551,19 @@ impl RdmaOps {
     /// Counters.
     pub fn stats(&self) -> &RdmaStats {
         &self.stats
+    }
+
+    /// A free slot, searched round-robin from the one after the last taken:
+    /// operations mostly finish in the order they were requested, so the
+    /// next slot is usually free (no scan of a table full of live ones).
+    fn free_slot(&mut self) -> Option<usize> {
+        let n = self.ops.len();
+        let from = self.scan_from.min(n);
+        let slot = (from..n)
+            .chain(0..from)
+            .find(|&i| self.ops[i].state == OpState::Free)?;
+        self.scan_from = slot + 1;
+        Some(slot)
     }
 
     fn take_ticket(&mut self) -> Ticket {
@@ -596,7 +630,7 @@ impl RdmaOps {
                 max: u64::from(max_len),
             });
         }
-        let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
+        let Some(slot) = self.free_slot() else {
             return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
         };
         let (aux, descs_len, ctx_len) =
@@ -635,6 +669,8 @@ impl RdmaOps {
             wrs: 0,
             chains: 0,
             cont: None,
+            reply: None,
+            detached: false,
         };
         // Cannot exceed the capacity: one entry per non-free slot at most.
         self.pending.push_back(slot as u16);
@@ -709,7 +745,7 @@ impl RdmaOps {
         {
             return Err(RdmaError::NotAvailable);
         }
-        let Some(slot) = self.ops.iter().position(|o| o.state == OpState::Free) else {
+        let Some(slot) = self.free_slot() else {
             return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
         };
         let (aux, descs_len, ctx_len) =
@@ -730,9 +766,71 @@ impl RdmaOps {
             wrs: 0,
             chains: 0,
             cont: None,
+            reply: None,
+            detached: false,
         };
         self.pending.push_back(slot as u16);
         Ok(ticket)
+    }
+
+    /// Attaches the reply in pool buffer `buf` (`len` bytes, Send with
+    /// Invalidate of `invalidate` when given) to the RDMA Write `ticket`
+    /// staged by the handler running now: the reply is queued on the
+    /// connection as soon as the Write's last work request is posted, so
+    /// its Send follows the Write on the same queue pair, and the Write's
+    /// completion frees the operation without an
+    /// [`crate::upper::UpperLayer::on_rdma_complete`]. [MS-SMBD] 1.5: the
+    /// transport delivers in order, so the Write's data is placed at the
+    /// peer before the reply is (see docs/spec-notes.md, "A READ's response
+    /// follows its RDMA Write"). Takes the buffer only on success.
+    pub(crate) fn attach_reply(
+        &mut self,
+        ticket: Ticket,
+        buf: BufId,
+        len: u32,
+        invalidate: Option<u32>,
+    ) -> Result<(), RdmaError> {
+        // The handler's latest request, normally.
+        let slot = match self.pending.back() {
+            Some(&s) if self.ops[s as usize].ticket == ticket => s as usize,
+            _ => self
+                .pending
+                .iter()
+                .rev()
+                .map(|&s| s as usize)
+                .take_while(|&s| self.ops[s].state == OpState::Staged)
+                .find(|&s| self.ops[s].ticket == ticket)
+                .ok_or(RdmaError::NotAvailable)?,
+        };
+        let op = &mut self.ops[slot];
+        if op.state != OpState::Staged || op.kind != RdmaKind::Write || op.reply.is_some() {
+            return Err(RdmaError::NotAvailable);
+        }
+        op.reply = Some(AttachedReply {
+            buf,
+            len,
+            invalidate,
+        });
+        op.detached = true;
+        Ok(())
+    }
+
+    /// Undoes the RDMA operation `ticket` staged by the handler running
+    /// now (its buffers and pins are released at once). False if there is
+    /// no such staged operation.
+    pub(crate) fn unstage(&mut self, alloc: &mut SliceAllocator, ticket: Ticket) -> bool {
+        let n = self.pending.len();
+        let Some(k) = (0..n)
+            .rev()
+            .take_while(|&k| self.ops[self.pending[k] as usize].state == OpState::Staged)
+            .find(|&k| self.ops[self.pending[k] as usize].ticket == ticket)
+        else {
+            return false;
+        };
+        let slot = self.pending[k] as usize;
+        Self::free_op(&mut self.ops[slot], alloc, self.pins.as_deref());
+        self.pending.remove(k);
+        true
     }
 
     /// Stages turning the Read in `slot` (being completed) into a Write of
@@ -837,9 +935,14 @@ impl RdmaOps {
                 }
             }
         }
-        for b in [op.data.take(), op.aux.take(), op.cont.take().map(|c| c.aux)]
-            .into_iter()
-            .flatten()
+        for b in [
+            op.data.take(),
+            op.aux.take(),
+            op.cont.take().map(|c| c.aux),
+            op.reply.take().map(|r| r.buf),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = alloc.free(b);
         }
@@ -1308,13 +1411,19 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         match op.state {
             OpState::Queued if op.posted == op.len && self.failed.is_none() => {
-                op.state = OpState::Done;
                 r.stats.ops_completed += 1;
                 match op.kind {
                     RdmaKind::Read => r.stats.bytes_read += u64::from(op.len),
                     RdmaKind::Write => r.stats.bytes_written += u64::from(op.len),
                 }
-                r.done.push_back(slot as u16);
+                if op.detached {
+                    // Its reply went behind it: nothing left for the upper
+                    // layer (its pins are released here).
+                    RdmaOps::free_op(op, alloc, r.pins.as_deref());
+                } else {
+                    op.state = OpState::Done;
+                    r.done.push_back(slot as u16);
+                }
             }
             OpState::Queued if op.posted < op.len && self.failed.is_none() => {}
             OpState::Failed | OpState::Queued => {
@@ -1344,8 +1453,12 @@ impl<Q: QueuePair> Endpoint<Q> {
     ///
     /// Ordering ([MS-SMBD] 1.5): RDMA Write data is placed at the peer before
     /// a later Send on this queue pair completes there, so a reply sent after
-    /// the Write is never seen before the data. (The worker additionally
-    /// waits for the Write's completion before the upper layer replies.)
+    /// the Write is never seen before the data. A reply attached to a Write
+    /// ([`RdmaOps::attach_reply`]) is queued on the connection the moment
+    /// the Write's last request is posted (an op with one waits while the
+    /// connection's send queue is full), so the flush that posts the Write
+    /// posts the reply's Send right after it; other replies wait for the
+    /// Write's completion and the upper layer.
     pub fn post_rdma(&mut self) -> Result<(), EndpointError> {
         if let Some(e) = self.failed {
             return Err(e);
@@ -1353,6 +1466,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         let used = self.sq_used();
         let mut sq_room = self.send_depth.saturating_sub(used);
         let (qp, pool, mr, c) = (&mut self.qp, &self.pool, self.mr, &mut *self.chain);
+        let conn = &mut self.conn;
         let Some(r) = self.rdma.as_mut() else {
             return Ok(());
         };
@@ -1364,6 +1478,12 @@ impl<Q: QueuePair> Endpoint<Q> {
             let slot = r.pending[i] as usize;
             let op = r.ops[slot];
             if op.state != OpState::Queued || op.posted >= op.len {
+                i += 1;
+                continue;
+            }
+            if op.reply.is_some() && conn.send_queue_space() == 0 {
+                // Its reply must be queued the moment its last request is
+                // posted: wait for room in the connection's send queue.
                 i += 1;
                 continue;
             }
@@ -1403,23 +1523,39 @@ impl<Q: QueuePair> Endpoint<Q> {
             };
             let (n, bytes) = (c.n, c.bytes);
             let ch = &*c;
-            let wrs: [SendWr<'_>; RDMA_CHAIN] = core::array::from_fn(|k| SendWr {
-                wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
-                op: match op.kind {
-                    RdmaKind::Read => SendOp::RdmaRead {
-                        sges: &ch.sges[k][..ch.nsge[k]],
-                        remote: ch.remotes[k],
+            // Only the `n` requests of the chain are built (most chains of
+            // small transfers hold one: no array of 16 to initialise).
+            let make = |k: usize| {
+                let (sges, remote) = (&ch.sges[k][..ch.nsge[k]], ch.remotes[k]);
+                SendWr {
+                    wr_id: rdma_wr_id(slot, n, k + 1 == n, op.ticket),
+                    op: match op.kind {
+                        RdmaKind::Read => SendOp::RdmaRead { sges, remote },
+                        RdmaKind::Write => SendOp::RdmaWrite { sges, remote },
                     },
-                    RdmaKind::Write => SendOp::RdmaWrite {
-                        sges: &ch.sges[k][..ch.nsge[k]],
-                        remote: ch.remotes[k],
+                    // Selective signaling: the chain's last request completes
+                    // for all of them (errors always complete).
+                    signaled: k + 1 == n,
+                }
+            };
+            let posted = if n == 1 {
+                qp.post_send(&[make(0)])
+            } else {
+                const UNUSED: SendWr<'static> = SendWr {
+                    wr_id: 0,
+                    op: SendOp::RdmaWrite {
+                        sges: &[],
+                        remote: RemoteBuf { addr: 0, rkey: 0 },
                     },
-                },
-                // Selective signaling: the chain's last request completes
-                // for all of them (errors always complete).
-                signaled: k + 1 == n,
-            });
-            match qp.post_send(&wrs[..n]) {
+                    signaled: false,
+                };
+                let mut wrs = [UNUSED; RDMA_CHAIN];
+                for (k, wr) in wrs[..n].iter_mut().enumerate() {
+                    *wr = make(k);
+                }
+                qp.post_send(&wrs[..n])
+            };
+            match posted {
                 Ok(()) => {}
                 // The provider counts work requests we do not (grants,
                 // revokes): try again after completions.
@@ -1448,6 +1584,19 @@ impl<Q: QueuePair> Endpoint<Q> {
             o.chains += 1;
             o.posted += bytes;
             if o.posted >= o.len {
+                if let Some(a) = o.reply.take() {
+                    // Every request of the Write is on the send queue: its
+                    // reply follows (room was checked above). A reply the
+                    // connection refuses (it is terminating) stays with the
+                    // op, whose completion frees it: dropped, as `settle`
+                    // drops a refused reply.
+                    if conn
+                        .send_at(a.buf.to_bits(), 0, a.len, a.invalidate)
+                        .is_err()
+                    {
+                        o.reply = Some(a);
+                    }
+                }
                 r.pending.remove(i);
             } else {
                 i += 1;
@@ -1969,6 +2118,8 @@ mod tests {
             hold: None,
             message: None,
             message_taken: false,
+            attached: 0,
+            attached_bytes: 0,
         };
         let res = f(&mut out);
         let rdma = r.ep.rdma.as_mut().unwrap();
@@ -2500,5 +2651,112 @@ mod tests {
         r.ep.release_rdma(&mut r.alloc);
         assert_eq!(unpins(), [4, 4, 4, 0, 0, 0, 0, 0]);
         assert_eq!(free_counts(&r.pool), r.baseline, "every aux buffer home");
+    }
+
+    #[test]
+    fn a_reply_attached_to_a_write_is_posted_right_behind_it_and_needs_no_callback() {
+        let mut r = established_rig();
+        let before = free_counts(&r.pool);
+        let src: Vec<u8> = (0..3000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let t = with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&descs(0, 2, 1500, 1), 0, 3000, b"", |b| {
+                b.copy_from_slice(&src)
+            })?;
+            o.reply_after_write(t, 5, Some(0x77), |b| b.copy_from_slice(b"hello"))?;
+            Ok(t)
+        })
+        .unwrap();
+        // Nothing reaches the connection before the Write is posted.
+        assert!(!r.ep.connection().transmit_pending());
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        let order: Vec<WcOpcode> = r.ep.qp().sq.iter().map(|e| e.4).collect();
+        assert_eq!(
+            order,
+            [WcOpcode::RdmaWrite, WcOpcode::RdmaWrite, WcOpcode::Send],
+            "the reply's Send follows every request of its Write"
+        );
+        let (sent, _) = r.ep.qp().sends.last().unwrap().clone();
+        assert!(sent.ends_with(b"hello"), "{sent:?}");
+        assert_eq!(&r.ep.qp().peer[..1500], &src[..1500]);
+        assert_eq!(&r.ep.qp().peer[1600..3100], &src[1500..]);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        // Finished without the upper layer: nothing waits for it.
+        assert!(r.ep.rdma().unwrap().peek_done().is_none());
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        assert_eq!(r.ep.rdma().unwrap().stats().ops_completed, 1);
+        assert_eq!(
+            free_counts(&r.pool),
+            before,
+            "data, aux and reply buffers home"
+        );
+        let _ = t;
+    }
+
+    #[test]
+    fn an_attached_reply_is_undone_with_its_write_and_never_outlives_a_failed_one() {
+        let mut r = established_rig();
+        let before = free_counts(&r.pool);
+        // Backpressure after attaching: Write and reply undone.
+        let e = with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&descs(0, 1, 100, 1), 0, 100, b"", |_| {})?;
+            o.reply_after_write(t, 8, None, |_| {})?;
+            Err::<(), _>(RdmaError::Backpressure(Backpressure::SendQueueFull))
+        });
+        assert!(e.is_err());
+        assert_eq!(free_counts(&r.pool), before);
+        // Withdrawn by the handler itself.
+        with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&descs(0, 1, 100, 1), 0, 100, b"", |_| {})?;
+            assert!(o.cancel_rdma(t));
+            assert!(!o.cancel_rdma(t), "once");
+            // Only a Write staged by this handler takes a reply.
+            assert_eq!(
+                o.reply_after_write(t, 8, None, |_| {}),
+                Err(RdmaError::NotAvailable)
+            );
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        assert_eq!(free_counts(&r.pool), before);
+        // A Read takes none.
+        let e = with_replies(&mut r, None, |o| {
+            let t = o.rdma_read(&descs(0, 1, 100, 1), 0, 100, b"")?;
+            o.reply_after_write(t, 8, None, |_| {})
+        });
+        assert_eq!(e, Err(RdmaError::NotAvailable));
+        assert_eq!(free_counts(&r.pool), before);
+        // A Write refused by the peer: its reply's Send never succeeds
+        // (posted behind it on a broken queue pair) and every buffer
+        // comes home once the connection is torn down.
+        let mut bad = descs(0, 1, 100, 1);
+        bad[8..12].copy_from_slice(&0xdeadu32.to_le_bytes());
+        with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&bad, 0, 100, b"", |_| {})?;
+            o.reply_after_write(t, 8, None, |b| b.fill(1))
+        })
+        .unwrap();
+        let _ = r.ep.flush(Instant::ZERO, &mut r.alloc);
+        let mut send_ok = false;
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            send_ok |= wc.opcode == WcOpcode::Send && wc.status == WcStatus::Success;
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert!(!send_ok, "no reply behind a failed Write");
+        assert!(r.ep.failure().is_some());
+        r.ep.close(&mut r.alloc);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(r.ep.outstanding() - u64::from(r.ep.recv_posted), 0);
+        assert_eq!(
+            r.ep.rdma().unwrap().active(),
+            0,
+            "the reply went with its op"
+        );
     }
 }

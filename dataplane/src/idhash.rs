@@ -47,7 +47,8 @@ impl Hasher for IdHasher {
     }
 }
 
-/// A map keyed by server-chosen integer ids.
+/// A map keyed by integer ids its owner chooses (server-chosen ids, or the
+/// MessageIds an SMB2 client assigns).
 pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// An empty [`IdMap`] with room for `n` entries.

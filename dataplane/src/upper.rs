@@ -32,11 +32,14 @@
 //! upper layer's cue to forget them.
 //!
 //! Ordering ([MS-SMBD] 1.5): an RDMA Write's data is visible at the peer
-//! before a later Send on the same queue pair completes there. The worker
-//! goes further and only calls `on_rdma_complete` (where the reply is
-//! queued) once the Write has completed locally, so the reply is posted
-//! after the data is placed and errors are known before a success reply
-//! could leave.
+//! before a later Send on the same queue pair completes there. A reply
+//! queued from `on_rdma_complete` is posted only once the Write has
+//! completed locally. A reply attached to the Write with
+//! [`Replies::reply_after_write`] (the SMB2 READ) is posted right behind the
+//! Write's work requests instead, relying on that ordering: a Write the peer
+//! refuses breaks the queue pair before the reply is delivered, and the
+//! connection ends either way (docs/spec-notes.md, "A READ's response
+//! follows its RDMA Write").
 //!
 //! # The RDMA echo request (tests and benchmarks through `serve --upper echo`)
 //!
@@ -240,6 +243,10 @@ pub struct Replies<'a> {
     /// Set once [`Replies::reply_in_place`] queued `message`: the worker
     /// must not release it.
     pub(crate) message_taken: bool,
+    /// Replies attached to RDMA Writes ([`Replies::reply_after_write`]) and
+    /// their bytes, for the worker's counters.
+    pub(crate) attached: u32,
+    pub(crate) attached_bytes: u64,
 }
 
 impl Replies<'_> {
@@ -347,6 +354,59 @@ impl Replies<'_> {
         };
         self.count += 1;
         Ok(())
+    }
+
+    /// Queues a reply of `len` bytes written by `fill` to go out right
+    /// behind the RDMA Write `ticket` requested by this handler (Send with
+    /// Invalidate of `invalidate` when given), instead of answering from
+    /// [`UpperLayer::on_rdma_complete`], which is then not called for that
+    /// Write. The reply is handed to the transport the moment the Write's
+    /// last work request is posted, so its Send follows the Write on the
+    /// same queue pair: [MS-SMBD] 1.5 requires in-order delivery of the
+    /// transport, so the Write's data is placed at the peer before the
+    /// reply arrives, and a Write that fails breaks the queue pair before
+    /// the reply can be delivered (the connection ends, as when a Write
+    /// fails today). This is how an SMB2 READ over RDMA is answered
+    /// ([MS-SMB2] 3.3.5.12): one pass through the upper layer per READ.
+    /// Takes effect only if the handler returns `Ok`.
+    pub fn reply_after_write(
+        &mut self,
+        ticket: Ticket,
+        len: usize,
+        invalidate: Option<u32>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), RdmaError> {
+        let rdma = self.rdma.as_deref_mut().ok_or(RdmaError::NotAvailable)?;
+        let id = self
+            .alloc
+            .alloc_len(len.max(1))
+            .map_err(|_| RdmaError::Backpressure(Backpressure::PoolExhausted))?;
+        // SAFETY: `id` was just allocated and is exclusively ours.
+        match unsafe { self.pool.bytes_mut(id) } {
+            Some(b) if b.len() >= len => fill(&mut b[..len]),
+            _ => {
+                let _ = self.alloc.free(id);
+                return Err(RdmaError::Backpressure(Backpressure::TooLarge));
+            }
+        }
+        if let Err(e) = rdma.attach_reply(ticket, id, len as u32, invalidate) {
+            let _ = self.alloc.free(id);
+            return Err(e);
+        }
+        self.attached += 1;
+        self.attached_bytes += len as u64;
+        Ok(())
+    }
+
+    /// Withdraws the RDMA operation `ticket` requested by this handler (its
+    /// staging buffers and pins are released now); false if this handler
+    /// requested no such operation. For a handler that cannot complete what
+    /// it started (e.g. no buffer for [`Replies::reply_after_write`]).
+    pub fn cancel_rdma(&mut self, ticket: Ticket) -> bool {
+        match self.rdma.as_deref_mut() {
+            Some(r) => r.unstage(self.alloc, ticket),
+            None => false,
+        }
     }
 
     /// [MS-SMBD] 3.1.4.6: RDMA-reads `len` bytes starting `offset` bytes
@@ -825,6 +885,8 @@ mod tests {
             hold: None,
             message,
             message_taken: false,
+            attached: 0,
+            attached_bytes: 0,
         }
     }
 

@@ -708,9 +708,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         hold: None,
                         message: None,
                         message_taken: false,
+                        attached: 0,
+                        attached_bytes: 0,
                     };
                     let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
                     let count = out.count;
+                    let attached = (out.attached, out.attached_bytes);
                     if out.disconnect {
                         slot.closing.get_or_insert(CloseReason::UpperLayer);
                     }
@@ -719,6 +722,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         &mut self.alloc,
                         &self.stats,
                         &queued[..count],
+                        attached,
                         r,
                         Some(op.slot),
                         &mut slot.closing,
@@ -758,9 +762,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         hold: None,
                         message: None,
                         message_taken: false,
+                        attached: 0,
+                        attached_bytes: 0,
                     };
                     let r = self.upper.on_wake(slot.conn, token, msg, &mut out);
                     let count = out.count;
+                    let attached = (out.attached, out.attached_bytes);
                     let hold = out.hold;
                     if out.disconnect {
                         slot.closing.get_or_insert(CloseReason::UpperLayer);
@@ -770,6 +777,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         &mut self.alloc,
                         &self.stats,
                         &queued[..count],
+                        attached,
                         r,
                         None,
                         &mut slot.closing,
@@ -811,9 +819,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         hold: None,
                         message,
                         message_taken: false,
+                        attached: 0,
+                        attached_bytes: 0,
                     };
                     let r = self.upper.on_message(slot.conn, msg, &mut out);
                     let count = out.count;
+                    let attached = (out.attached, out.attached_bytes);
                     let hold = out.hold;
                     let taken = out.message_taken;
                     if out.disconnect {
@@ -824,6 +835,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         &mut self.alloc,
                         &self.stats,
                         &queued[..count],
+                        attached,
                         r,
                         None,
                         &mut slot.closing,
@@ -980,11 +992,13 @@ fn next_set_bit(bits: &[u64], from: usize) -> Option<usize> {
 /// operation being completed, if any); on backpressure, undoes both so the
 /// handler can be called again with the same input. Returns whether the
 /// handler succeeded.
+#[allow(clippy::too_many_arguments)]
 fn settle<Q: crate::provider::QueuePair>(
     ep: &mut Endpoint<Q>,
     alloc: &mut SliceAllocator,
     stats: &WorkerStats,
     queued: &[QueuedReply],
+    attached: (u32, u64),
     r: Result<(), Backpressure>,
     completing: Option<usize>,
     closing: &mut Option<CloseReason>,
@@ -1001,6 +1015,9 @@ fn settle<Q: crate::provider::QueuePair>(
                     WorkerStats::add(&stats.bytes_out, q.len as u64);
                 }
             }
+            // Replies attached to RDMA Writes go out with them.
+            WorkerStats::add(&stats.messages_out, u64::from(attached.0));
+            WorkerStats::add(&stats.bytes_out, attached.1);
             if let Some(rdma) = ep.rdma_mut() {
                 rdma.commit(alloc, completing);
             }

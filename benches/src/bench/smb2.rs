@@ -602,7 +602,8 @@ impl<P: Provider> Smb2Session<P> {
     /// Sends slot `s`'s request for its current phase, waiting for credits
     /// if none are left (completions polled meanwhile are stashed).
     fn submit(&mut self, s: usize) -> Result<(), BenchError> {
-        let deadline = Instant::now() + CREDIT_WAIT;
+        // The clock is read only once a request has to wait for credits.
+        let mut deadline = None;
         loop {
             let sl = self.slots[s];
             let fid = if self.flows.is_empty() {
@@ -621,7 +622,10 @@ impl<P: Provider> Smb2Session<P> {
                     self.slots[s].id = id;
                     return Ok(());
                 }
-                Err(Smb2Error::NoCredits { .. }) if Instant::now() < deadline => {
+                Err(Smb2Error::NoCredits { .. })
+                    if Instant::now()
+                        < *deadline.get_or_insert_with(|| Instant::now() + CREDIT_WAIT) =>
+                {
                     match self.c.poll(Duration::ZERO) {
                         Ok(Some(done)) => self.stash.push_back(done),
                         Ok(None) => std::hint::spin_loop(),

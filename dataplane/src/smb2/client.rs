@@ -87,6 +87,7 @@
 //! [`wait`]: Smb2Client::wait
 
 use crate::client::{buffer_descriptor, Client, ClientError};
+use crate::idhash::{id_map, IdMap};
 use crate::provider::{Access, Grant, MemoryRegion, Provider, ProviderError, QpCaps, QueuePair};
 use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
 use smbdirect_protocol::ntstatus::*;
@@ -108,7 +109,7 @@ use smbdirect_protocol::sqos::client::{ClientRequest, LogicalFlow, PolicyParams}
 use smbdirect_protocol::sqos::{Options as QosOptions, StorageQosControlResponseRepr};
 use smbdirect_protocol::time::Instant as PInstant;
 use smbdirect_protocol::WireError;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -995,7 +996,8 @@ struct Done {
 struct State {
     pool: BufferPool,
     credits: CreditWindow,
-    pending: HashMap<u64, Pending>,
+    /// By MessageId (ids this client assigns: the id hasher, not SipHash).
+    pending: IdMap<u64, Pending>,
     finished: VecDeque<Finished>,
     ready: VecDeque<Done>,
     bufs: Vec<BufSlot>,
@@ -1240,7 +1242,7 @@ impl<P: Provider> Smb2Client<P> {
             st: State {
                 pool,
                 credits: CreditWindow::new(options.credit_target),
-                pending: HashMap::with_capacity(n),
+                pending: id_map(n),
                 finished: VecDeque::with_capacity(n),
                 ready: VecDeque::with_capacity(n),
                 bufs: Vec::new(),
@@ -1532,7 +1534,10 @@ impl<P: Provider> Smb2Client<P> {
     /// connection is dead and every outstanding request has been handed
     /// out (with the transport error).
     pub fn poll(&mut self, timeout: Duration) -> Result<Option<Completion>, Smb2Error> {
-        let deadline = Instant::now() + timeout;
+        // A zero timeout polls once and never reads the clock (a
+        // busy-polling caller makes this call once per completion and per
+        // empty poll).
+        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
         let mut spins = 0;
         loop {
             self.finish();
@@ -1547,7 +1552,7 @@ impl<P: Provider> Smb2Client<P> {
             }
             // At least one step, so a zero timeout polls once.
             let progress = self.step_raw().unwrap_or(true);
-            if Instant::now() >= deadline {
+            if deadline.map_or(true, |d| Instant::now() >= d) {
                 self.finish();
                 return Ok(self.st.ready.pop_front().map(|d| d.completion));
             }
@@ -1676,7 +1681,8 @@ impl<P: Provider> Smb2Client<P> {
         r: Reservation,
         op: Op,
     ) -> Result<MessageId, Smb2Error> {
-        let deadline = Instant::now() + self.opts.timeout;
+        // Read the clock only if the first attempt has to wait.
+        let mut deadline = None;
         loop {
             let e = match self.c.send(&self.st.scratch[..n]) {
                 Ok(()) => break,
@@ -1686,7 +1692,7 @@ impl<P: Provider> Smb2Client<P> {
                 e,
                 ClientError::Send(SendError::QueueFull) | ClientError::PoolExhausted
             );
-            if transient && Instant::now() < deadline {
+            if transient && before(&mut deadline, self.opts.timeout) {
                 // Send-queue room and send buffers come back as sends
                 // complete.
                 if let Err(e) = self.step_raw() {
@@ -1785,7 +1791,8 @@ impl<P: Provider> Smb2Client<P> {
             Smb2Error::Invalid(format!("{len} bytes at {offset} are outside buffer {id:?}"))
         })?;
         self.local_wr_room()?;
-        let deadline = Instant::now() + self.opts.timeout;
+        // Read the clock only if the first attempt has to wait.
+        let mut deadline = None;
         loop {
             match self
                 .c
@@ -1799,7 +1806,7 @@ impl<P: Provider> Smb2Client<P> {
                     return Ok(g);
                 }
                 // A full send queue drains as completions are polled.
-                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                Err(ProviderError::QueueFull) if before(&mut deadline, self.opts.timeout) => {
                     self.step_raw()?;
                 }
                 Err(ProviderError::GrantFailed(s)) => {
@@ -1827,7 +1834,8 @@ impl<P: Provider> Smb2Client<P> {
             return Ok(());
         }
         self.local_wr_room()?;
-        let deadline = Instant::now() + self.opts.timeout;
+        // Read the clock only if the first attempt has to wait.
+        let mut deadline = None;
         loop {
             match self
                 .c
@@ -1843,7 +1851,7 @@ impl<P: Provider> Smb2Client<P> {
                     self.st.local_wrs += 1;
                     return Ok(());
                 }
-                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                Err(ProviderError::QueueFull) if before(&mut deadline, self.opts.timeout) => {
                     // A dead connection cannot drain the queue; give up.
                     self.step_raw()?;
                 }
@@ -2600,6 +2608,14 @@ fn write_request<'a>(
     }
 }
 
+/// Whether a retry may go on: `deadline` (`timeout` after the first call,
+/// which sets it) has not passed. Callers read the clock only once an
+/// attempt has failed, not on every request.
+fn before(deadline: &mut Option<Instant>, timeout: Duration) -> bool {
+    let now = Instant::now();
+    now < *deadline.get_or_insert(now + timeout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2633,7 +2649,7 @@ mod tests {
         let st = State {
             pool,
             credits: CreditWindow::new(64),
-            pending: HashMap::new(),
+            pending: id_map(0),
             finished: VecDeque::new(),
             ready: VecDeque::new(),
             bufs: vec![BufSlot {

@@ -45,7 +45,9 @@ use crate::idhash::{id_map, IdMap};
 use crate::planes::{ConnId, QosFlowAssign, UpperControl, UpperEvent};
 use crate::provider::MemoryRegion;
 use crate::ratelog::{suppressed_note, RateLimited};
-use crate::upper::{Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, UpperIo, UpperLayer};
+use crate::upper::{
+    Backpressure, RdmaDone, RdmaError, RdmaKind, Replies, Ticket, UpperIo, UpperLayer,
+};
 use crate::zerocopy::{Piece, Pins};
 use smbdirect_protocol::ntstatus::*;
 use smbdirect_protocol::smb2::auth;
@@ -445,8 +447,42 @@ struct Plan<'a> {
     len: u32,
     handle: Handle,
     file_offset: u64,
-    ctx: [u8; CTX_LEN],
+    fid: FileId,
+    /// MODE_FAST or MODE_HELD.
+    mode: u8,
+    /// The message's token (the store's tag).
+    tag: u64,
+    /// SMB2_CHANNEL_RDMA_V1_INVALIDATE: the first descriptor's token, which
+    /// the response invalidates.
+    invalidate: Option<u32>,
+    /// Sign the response (MODE_FAST).
+    sign: bool,
     response: HeaderRepr,
+}
+
+impl Plan<'_> {
+    /// The context the transfer's completion is handled from (see
+    /// [`plan`] for its layout).
+    fn context(&self) -> [u8; CTX_LEN] {
+        // Context: [0] invalidate, [1] mode, [2] sign, [4..8] first token,
+        // [8..16] volatile FileId, [16..24] persistent FileId, [24..28]
+        // length, [32..40] file offset, [40..48] tag, [48..112] response
+        // header.
+        let mut ctx = [0u8; CTX_LEN];
+        if let Some(t) = self.invalidate {
+            ctx[0] = 1;
+            ctx[4..8].copy_from_slice(&t.to_le_bytes());
+        }
+        ctx[1] = self.mode;
+        ctx[2] = u8::from(self.sign);
+        ctx[8..16].copy_from_slice(&self.fid.volatile.to_le_bytes());
+        ctx[16..24].copy_from_slice(&self.fid.persistent.to_le_bytes());
+        ctx[24..28].copy_from_slice(&self.len.to_le_bytes());
+        ctx[32..40].copy_from_slice(&self.file_offset.to_le_bytes());
+        ctx[40..48].copy_from_slice(&self.tag.to_le_bytes());
+        let _ = self.response.emit(&mut ctx[CTX_HEADER..]);
+        ctx
+    }
 }
 
 // Not boxed: no allocation per request on the I/O path.
@@ -781,6 +817,8 @@ fn rdma_channel<'a>(
     Ok(descs)
 }
 
+/// What [`Core::stage`] needs to request a request's RDMA transfer (and,
+/// from [`Plan::context`], to finish it on completion).
 #[allow(clippy::too_many_arguments)]
 fn plan<'a>(
     kind: RdmaKind,
@@ -794,28 +832,18 @@ fn plan<'a>(
     tag: u64,
     response: HeaderRepr,
 ) -> Plan<'a> {
-    // Context: [0] invalidate, [1] mode, [4..8] first token, [8..16]
-    // volatile FileId, [16..24] persistent FileId, [24..28] length,
-    // [32..40] file offset, [40..48] tag, [48..112] response header.
-    let mut ctx = [0u8; CTX_LEN];
-    if ch == Channel::RdmaV1Invalidate {
-        ctx[0] = 1;
-        ctx[4..8].copy_from_slice(&descs[8..12]);
-    }
-    ctx[1] = mode;
-    ctx[8..16].copy_from_slice(&fid.volatile.to_le_bytes());
-    ctx[16..24].copy_from_slice(&fid.persistent.to_le_bytes());
-    ctx[24..28].copy_from_slice(&len.to_le_bytes());
-    ctx[32..40].copy_from_slice(&file_offset.to_le_bytes());
-    ctx[40..48].copy_from_slice(&tag.to_le_bytes());
-    let _ = response.emit(&mut ctx[CTX_HEADER..]);
+    let invalidate = (ch == Channel::RdmaV1Invalidate).then(|| le32(descs, 8));
     Plan {
         kind,
         descs,
         len,
         handle,
         file_offset,
-        ctx,
+        fid,
+        mode,
+        tag,
+        invalidate,
+        sign: false,
         response,
     }
 }
@@ -879,9 +907,10 @@ impl Core {
             match self.execute(c, &m, &mut ex, &mut w, max_rw, last) {
                 Step::Done => ex.advance(),
                 Step::Rdma(mut p) if last => {
-                    // Its response is built from the context on completion:
-                    // whether to sign it goes along.
-                    p.ctx[2] = u8::from(ex.sign);
+                    // Its response goes behind its transfer (READ) or is
+                    // built from the context on completion (WRITE): whether
+                    // to sign it goes along.
+                    p.sign = ex.sign;
                     fast = Some(p);
                 }
                 Step::Rdma(p) => match self.stage(&p, out) {
@@ -928,7 +957,11 @@ impl Core {
             return;
         }
         if let Some(p) = fast {
-            match self.stage(&p, out) {
+            let staged = match p.kind {
+                RdmaKind::Write => self.stage_read(c, &p, out),
+                RdmaKind::Read => self.stage(&p, out),
+            };
+            match staged {
                 Ok(()) => ex.advance(),
                 Err(RdmaError::Backpressure(b)) => {
                     self.pool_stalls += u64::from(b == Backpressure::PoolExhausted);
@@ -988,8 +1021,47 @@ impl Core {
         }
     }
 
+    /// [MS-SMB2] 3.3.5.12 for a READ that is the last request of its
+    /// message: its data goes by RDMA Write and its response is queued
+    /// behind the Write ([`Replies::reply_after_write`]), with Send with
+    /// Invalidate of the first descriptor's token for
+    /// SMB2_CHANNEL_RDMA_V1_INVALIDATE: the READ is finished here, with no
+    /// context to keep and no completion to handle.
+    fn stage_read(
+        &mut self,
+        c: &Conn,
+        p: &Plan<'_>,
+        out: &mut Replies<'_>,
+    ) -> Result<(), RdmaError> {
+        let mut buf = [0u8; HEADER_LEN + 64];
+        let Some(n) = rdma_response(RdmaKind::Write, &p.response, p.len, &mut buf) else {
+            return Err(RdmaError::NotAvailable);
+        };
+        if p.sign {
+            sign_compound(c, None, &mut buf[..n]);
+        }
+        let ticket = self.stage_with(p, &[], out)?;
+        let buf = &buf;
+        let r = out.reply_after_write(ticket, n, p.invalidate, |b| b.copy_from_slice(&buf[..n]));
+        if r.is_err() {
+            out.cancel_rdma(ticket);
+        }
+        r
+    }
+
     fn stage(&mut self, p: &Plan<'_>, out: &mut Replies<'_>) -> Result<(), RdmaError> {
-        let tag = le64(&p.ctx, 40);
+        let ctx = p.context();
+        self.stage_with(p, &ctx, out).map(|_| ())
+    }
+
+    /// Requests `p`'s transfer with `ctx` as its completion's context.
+    fn stage_with(
+        &mut self,
+        p: &Plan<'_>,
+        ctx: &[u8],
+        out: &mut Replies<'_>,
+    ) -> Result<Ticket, RdmaError> {
+        let tag = p.tag;
         if let Some(zc) = self.zc.as_mut() {
             // Zero-copy: the data moves between the client and the store's
             // blocks directly (pinned until the transfer ends).
@@ -1007,25 +1079,23 @@ impl Core {
                 let pieces = &zc.pieces[..n];
                 return match p.kind {
                     RdmaKind::Write => {
-                        out.rdma_write_pieces(p.descs, 0, p.len, &p.ctx, pieces, &zc.pins)
+                        out.rdma_write_pieces(p.descs, 0, p.len, ctx, pieces, &zc.pins)
                     }
                     RdmaKind::Read => {
-                        out.rdma_read_pieces(p.descs, 0, p.len, &p.ctx, pieces, &zc.pins)
+                        out.rdma_read_pieces(p.descs, 0, p.len, ctx, pieces, &zc.pins)
                     }
-                }
-                .map(|_| ());
+                };
             }
         }
         match p.kind {
             RdmaKind::Write => {
                 let store = &mut self.store;
-                out.rdma_write(p.descs, 0, p.len, &p.ctx, |b| {
+                out.rdma_write(p.descs, 0, p.len, ctx, |b| {
                     store.copy_out(tag, p.handle, p.file_offset, b)
                 })
             }
-            RdmaKind::Read => out.rdma_read(p.descs, 0, p.len, &p.ctx),
+            RdmaKind::Read => out.rdma_read(p.descs, 0, p.len, ctx),
         }
-        .map(|_| ())
     }
 
     fn execute<'a>(
@@ -1165,12 +1235,32 @@ impl Core {
         }
     }
 
-    fn lookup(c: &Conn, fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
-        let fid = if related && fid == FileId::ANY {
-            chain.file.ok_or(STATUS_INVALID_PARAMETER)?
+    /// [`Core::lookup`] and the Open, with one map lookup (READ and WRITE).
+    fn lookup_mut<'c>(
+        c: &'c mut Conn,
+        fid: FileId,
+        chain: &Chain,
+        related: bool,
+    ) -> Result<(FileId, &'c mut Open), NtStatus> {
+        let fid = Self::related_fid(fid, chain, related)?;
+        match c.opens.get_mut(&fid.volatile) {
+            Some(o) if o.persistent == fid.persistent => Ok((fid, o)),
+            _ => Err(STATUS_FILE_CLOSED),
+        }
+    }
+
+    /// The FileId a request names: a related request's FileId::ANY is the
+    /// previous one of its compound ([MS-SMB2] 3.3.5.2.7.2).
+    fn related_fid(fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
+        if related && fid == FileId::ANY {
+            chain.file.ok_or(STATUS_INVALID_PARAMETER)
         } else {
-            fid
-        };
+            Ok(fid)
+        }
+    }
+
+    fn lookup(c: &Conn, fid: FileId, chain: &Chain, related: bool) -> Result<FileId, NtStatus> {
+        let fid = Self::related_fid(fid, chain, related)?;
         match c.opens.get(&fid.volatile) {
             Some(o) if o.persistent == fid.persistent => Ok(fid),
             _ => Err(STATUS_FILE_CLOSED),
@@ -1679,8 +1769,7 @@ impl Core {
             // No oplocks or leases are ever granted (3.3.5.22).
             RequestBody::OplockBreak(_) => Err(STATUS_INVALID_OPLOCK_PROTOCOL),
             RequestBody::Read(r) => {
-                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
-                let o = c.opens.get_mut(&fid.volatile).ok_or(STATUS_FILE_CLOSED)?;
+                let (fid, o) = Self::lookup_mut(c, r.file_id, &ex.chain, related)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
@@ -1755,8 +1844,7 @@ impl Core {
                 }
             }
             RequestBody::Write(r) => {
-                let fid = Self::lookup(c, r.file_id, &ex.chain, related)?;
-                let o = c.opens.get_mut(&fid.volatile).ok_or(STATUS_FILE_CLOSED)?;
+                let (fid, o) = Self::lookup_mut(c, r.file_id, &ex.chain, related)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
