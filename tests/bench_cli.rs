@@ -212,39 +212,46 @@ fn raw_send_over_loopback_writes_json_hgrm_and_svg() {
     run_with_outputs("raw-send");
 }
 
+/// Runs `bench --loopback --provider soft ARGS --iterations N --warmup W
+/// --verify --quiet --json F` and returns its output and JSON, checked to
+/// have succeeded with exactly N measured operations.
+fn verified_run(name: &str, args: &[&str], iterations: u64, warmup: &str) -> (Output, String) {
+    let dir = scratch(name);
+    let j = dir.join("r.json");
+    let n = iterations.to_string();
+    let mut argv = vec!["--loopback", "--provider", "soft"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&[
+        "--iterations",
+        &n,
+        "--warmup",
+        warmup,
+        "--verify",
+        "--quiet",
+    ]);
+    argv.extend_from_slice(&["--json", j.to_str().unwrap()]);
+    let o = bench(&argv, Duration::from_secs(20));
+    assert!(o.status.success(), "{args:?}: {}", text(&o));
+    let json = std::fs::read_to_string(&j).expect("json");
+    assert_eq!(number(&json, "ops"), iterations as f64, "{args:?}: {json}");
+    let _ = std::fs::remove_dir_all(&dir);
+    (o, json)
+}
+
 #[test]
 fn iterations_measure_exactly_that_many_operations() {
     let _g = common::serial();
     for (workload, extra) in [("send", "3"), ("raw-send", "1")] {
-        let dir = scratch(&format!("iter-{workload}"));
-        let j = dir.join("r.json");
-        let o = bench(
-            &[
-                "--loopback",
-                "--provider",
-                "soft",
-                "--workload",
-                workload,
-                "--queue-depth",
-                extra,
-                "--connections",
-                "2",
-                "--iterations",
-                "1001",
-                "--warmup",
-                "0.1",
-                "--verify",
-                "--quiet",
-                "--json",
-                j.to_str().unwrap(),
-            ],
-            Duration::from_secs(20),
-        );
-        assert!(o.status.success(), "{}", text(&o));
-        let json = std::fs::read_to_string(&j).expect("json");
-        assert_eq!(number(&json, "ops"), 1001.0, "{workload}: {json}");
+        let args = [
+            "--workload",
+            workload,
+            "--queue-depth",
+            extra,
+            "--connections",
+            "2",
+        ];
+        let (_, json) = verified_run(&format!("iter-{workload}"), &args, 1001, "0.1");
         assert_eq!(number(&json, "iterations"), 1001.0, "{workload}: {json}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -286,51 +293,27 @@ fn fragmented_sends_with_a_queue_depth_verify() {
 #[test]
 fn max_send_size_is_negotiated_and_reported() {
     let _g = common::serial();
-    let dir = scratch("max-send-size");
     for (mss, sends) in [
         ("4120", "1 Send per message"),
         ("1364", "4 Sends per message"),
     ] {
-        let j = dir.join(format!("{mss}.json"));
-        let o = bench(
-            &[
-                "--loopback",
-                "--provider",
-                "soft",
-                "--workload",
-                "send",
-                "--size",
-                "4096",
-                "--max-send-size",
-                mss,
-                "--queue-depth",
-                "2",
-                "--iterations",
-                "300",
-                "--warmup",
-                "0",
-                "--verify",
-                "--quiet",
-                "--json",
-                j.to_str().unwrap(),
-            ],
-            Duration::from_secs(20),
-        );
-        assert!(o.status.success(), "{}", text(&o));
-        let json = std::fs::read_to_string(&j).expect("json");
-        assert_eq!(
-            number(&json, "max_send_size"),
-            mss.parse::<f64>().unwrap(),
-            "{json}"
-        );
-        assert_eq!(number(&json, "ops"), 300.0, "{json}");
+        let args = [
+            "--workload",
+            "send",
+            "--size",
+            "4096",
+            "--max-send-size",
+            mss,
+        ];
+        let (o, json) = verified_run(&format!("mss-{mss}"), &args, 300, "0");
+        let want: f64 = mss.parse().unwrap();
+        assert_eq!(number(&json, "max_send_size"), want, "{json}");
         assert!(
             String::from_utf8_lossy(&o.stdout).contains(sends),
             "{}",
             text(&o)
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Runs an SMB2 workload against the loopback server with `--verify` and
