@@ -166,6 +166,12 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// The clock, read once per poll-loop iteration (a clock read costs
     /// tens of nanoseconds; everything in one iteration shares it).
     loop_now: PInstant,
+    /// Something may have changed a slot since [`Worker::service_slots`]
+    /// last left every slot with nothing to do (a completion, a control
+    /// message, an upper-layer wake, a timer): only then does the loop walk
+    /// the slots. An idle iteration is a completion poll and little else,
+    /// so a message arriving is noticed sooner.
+    needs_service: bool,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -219,6 +225,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             origin: Instant::now(),
             loop_now: PInstant::ZERO,
             shutdown_at: None,
+            needs_service: true,
         }
     }
 
@@ -304,6 +311,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let n = self.cq.poll(&mut wcs);
             if n > 0 {
                 work = true;
+                self.needs_service = true;
                 let now = self.now();
                 for wc in &wcs[..n] {
                     self.on_completion(now, wc);
@@ -311,9 +319,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             while let Some(m) = self.inbox.pop() {
                 work = true;
+                self.needs_service = true;
                 self.on_control(m);
             }
             if !self.orphans.is_empty() {
+                self.needs_service = true;
                 let now = self.now();
                 for _ in 0..self.orphans.len() {
                     let Some(wc) = self.orphans.pop_front() else {
@@ -324,19 +334,24 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             if self.poll_upper() {
                 work = true;
+                self.needs_service = true;
             }
-            if self.service_slots() {
+            if self.needs_service && self.service_slots() {
                 work = true;
             }
             if tick.saturating_sub(last_timer_scan) >= timer_scan {
                 last_timer_scan = tick;
                 self.fire_timers();
+                self.needs_service = true;
             }
             self.flush_pending_out();
-            if self.shutdown_at.is_none() {
+            // With the clock: after work, and every few idle iterations (the
+            // control plane takes a loan per arriving connection).
+            if self.shutdown_at.is_none() && idle_iterations == 0 {
                 self.refill_loans();
             }
             if let Some(t) = self.shutdown_at {
+                self.needs_service = true;
                 if self.live_slots() == 0 && self.pending_out.is_empty() {
                     break;
                 }
@@ -563,7 +578,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             Ok(None) => {}
             Ok(Some(Event::Message(d))) => {
                 WorkerStats::add(&self.stats.messages_in, 1);
-                WorkerStats::add(&self.stats.bytes_in, slot.ep.message(&d).len() as u64);
+                WorkerStats::add(&self.stats.bytes_in, slot.ep.message_len(&d) as u64);
                 slot.deferred.push_back(d);
             }
             Ok(Some(Event::NegotiateRequest { bytes, len })) => {
@@ -592,10 +607,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     }
 
     /// Runs the upper layer on waiting messages, flushes transmits, reaps
-    /// closed connections. Returns whether anything happened.
+    /// closed connections. Returns whether anything happened. Leaves
+    /// `needs_service` set while a slot still has something to do
+    /// (backpressure, a pool stall, a close waiting for completions).
     fn service_slots(&mut self) -> bool {
         let now = self.now();
         let mut any = false;
+        let mut again = false;
         let mut from = 0;
         while let Some(i) = next_set_bit(&self.occupied, from) {
             from = i + 1;
@@ -807,10 +825,16 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 }
                 any = true;
             }
+            again |= slot.dirty
+                || slot.closing.is_some()
+                || !slot.deferred.is_empty()
+                || !slot.wakes.is_empty()
+                || slot.ep.rdma().is_some_and(|r| r.peek_done().is_some());
             if let Some(reason) = slot.closing {
                 self.finish_close(i, reason);
             }
         }
+        self.needs_service = again;
         any
     }
 
@@ -889,6 +913,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     }
 
     fn close_all(&mut self, reason: CloseReason) {
+        self.needs_service = true;
         for slot in self.slots.iter_mut().flatten() {
             slot.closing.get_or_insert(reason);
         }
@@ -942,7 +967,15 @@ fn settle<Q: crate::provider::QueuePair>(
     match r {
         Ok(()) => {
             for q in queued {
-                if ep.send_at(q.buf, q.offset, q.len, q.invalidate).is_err() {
+                // An in-place reply is the received message's payload: the
+                // header before it in the receive buffer is done with, and
+                // room for the reply's own.
+                let r = if q.in_place {
+                    ep.send_with_header_room(q.buf, q.offset, q.len, q.invalidate)
+                } else {
+                    ep.send_at(q.buf, q.offset, q.len, q.invalidate)
+                };
+                if r.is_err() {
                     // An in-place reply's buffer is ours to free too: the
                     // delivery it came from is forgotten, not released.
                     let _ = alloc.free(q.buf);
