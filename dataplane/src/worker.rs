@@ -967,15 +967,12 @@ fn settle<Q: crate::provider::QueuePair>(
     match r {
         Ok(()) => {
             for q in queued {
-                // An in-place reply is the received message's payload: the
-                // header before it in the receive buffer is done with, and
-                // room for the reply's own.
-                let r = if q.in_place {
-                    ep.send_with_header_room(q.buf, q.offset, q.len, q.invalidate)
-                } else {
-                    ep.send_at(q.buf, q.offset, q.len, q.invalidate)
-                };
-                if r.is_err() {
+                // The bytes before a reply are its own (QueuedReply): room
+                // for its header, a received message's answered in place.
+                if ep
+                    .send_with_header_room(q.buf, q.offset, q.len, q.invalidate)
+                    .is_err()
+                {
                     // An in-place reply's buffer is ours to free too: the
                     // delivery it came from is forgotten, not released.
                     let _ = alloc.free(q.buf);
