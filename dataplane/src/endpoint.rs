@@ -1610,7 +1610,9 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         // RDMA first: a reply the upper layer queued after an RDMA Write was
         // queued after its completion, so no ordering is at stake here.
-        self.post_rdma()?;
+        if self.rdma.as_ref().is_some_and(|r| !r.pending.is_empty()) {
+            self.post_rdma()?;
+        }
         loop {
             if !self.conn.transmit_pending() {
                 // Nothing to say: no send buffer to reserve and give back.

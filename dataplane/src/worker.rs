@@ -172,6 +172,10 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// the slots. An idle iteration is a completion poll and little else,
     /// so a message arriving is noticed sooner.
     needs_service: bool,
+    /// The slot of the queue pair whose completion came last (completions
+    /// come in runs per queue pair): `by_qp` is looked up only on a change.
+    /// Forgotten when a slot is freed.
+    last_qp: Option<(QpId, usize)>,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -226,6 +230,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             loop_now: PInstant::ZERO,
             shutdown_at: None,
             needs_service: true,
+            last_qp: None,
         }
     }
 
@@ -556,19 +561,28 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             shortfalls_seen: 0,
         });
         self.by_qp.insert(qp_id, i);
+        self.last_qp = None;
         self.by_conn.insert(conn, i);
         WorkerStats::add(&self.stats.connections, 1);
         WorkerStats::add(&self.stats.connections_total, 1);
     }
 
     fn on_completion(&mut self, now: PInstant, wc: &Completion) {
-        let Some(&i) = self.by_qp.get(&wc.qp) else {
-            // Its Attach is still in the ring (bounded: a new queue pair has
-            // only its negotiate receive posted until attached).
-            if self.orphans.len() < self.orphans.capacity() {
-                self.orphans.push_back(*wc);
+        let i = match self.last_qp {
+            Some((qp, i)) if qp == wc.qp => i,
+            _ => {
+                let Some(&i) = self.by_qp.get(&wc.qp) else {
+                    // Its Attach is still in the ring (bounded: a new queue
+                    // pair has only its negotiate receive posted until
+                    // attached).
+                    if self.orphans.len() < self.orphans.capacity() {
+                        self.orphans.push_back(*wc);
+                    }
+                    return;
+                };
+                self.last_qp = Some((wc.qp, i));
+                i
             }
-            return;
         };
         let Some(slot) = self.slots[i].as_mut() else {
             return;
@@ -894,6 +908,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         self.occupied[i / 64] &= !(1 << (i % 64));
         WorkerStats::add(&self.stats.pool_stalls, slot.new_shortfalls());
         self.by_qp.remove(&slot.ep.qp().id());
+        self.last_qp = None;
         self.by_conn.remove(&slot.conn);
         let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation())
             || reason == CloseReason::UpperLayer;
