@@ -982,12 +982,21 @@ fn settle<Q: crate::provider::QueuePair>(
     match r {
         Ok(()) => {
             for q in queued {
-                // The bytes before a reply are its own (QueuedReply): room
-                // for its header, a received message's answered in place.
-                if ep
-                    .send_with_header_room(q.buf, q.offset, q.len, q.invalidate)
-                    .is_err()
-                {
+                // The bytes before a reply are its own (QueuedReply), but a
+                // reply in place keeps the general path (header in a send
+                // buffer): its receive buffer was just written by the peer
+                // (with the soft provider, by the peer's core), and writing
+                // the header into it costs this core the line's ownership
+                // back, about what the send buffer saves (same-run
+                // alternation: docs/bench-results.md, "SMB Direct send
+                // path"). A reply built here (`Replies::reply`, a local
+                // buffer) and the client's messages go in place.
+                let r = if q.in_place {
+                    ep.send_at(q.buf, q.offset, q.len, q.invalidate)
+                } else {
+                    ep.send_with_header_room(q.buf, q.offset, q.len, q.invalidate)
+                };
+                if r.is_err() {
                     // An in-place reply's buffer is ours to free too: the
                     // delivery it came from is forgotten, not released.
                     let _ = alloc.free(q.buf);
