@@ -885,6 +885,21 @@ impl RdmaOps {
     }
 }
 
+/// The [`Poster`] of endpoint `$ep` over `$alloc`: its fields borrowed
+/// one by one, so the connection stays usable beside it.
+macro_rules! poster {
+    ($ep:expr, $alloc:expr) => {
+        Poster {
+            qp: &mut $ep.qp,
+            alloc: $alloc,
+            pool: &$ep.pool,
+            mr: $ep.mr,
+            posted: &mut $ep.recv_posted,
+            stats: &mut $ep.stats,
+        }
+    };
+}
+
 /// Posts receives on behalf of the connection.
 struct Poster<'a, Q: QueuePair> {
     qp: &'a mut Q,
@@ -1065,14 +1080,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         decision: NegotiateDecision,
         alloc: &mut SliceAllocator,
     ) -> Result<(), EndpointError> {
-        let mut p = Poster {
-            qp: &mut self.qp,
-            alloc,
-            pool: &self.pool,
-            mr: self.mr,
-            posted: &mut self.recv_posted,
-            stats: &mut self.stats,
-        };
+        let mut p = poster!(self, alloc);
         match self.conn.apply_negotiate_decision(now, decision, &mut p) {
             Ok(_) => Ok(()),
             Err(r) => Err(self.fail(EndpointError::Terminated(r))),
@@ -1130,14 +1138,7 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Posts the receive for the negotiate message ([MS-SMBD] 3.1.4.1 /
     /// 3.1.7.2: "post at least one receive buffer of at least 512 bytes").
     pub fn post_negotiate_receive(&mut self, alloc: &mut SliceAllocator) -> bool {
-        let mut p = Poster {
-            qp: &mut self.qp,
-            alloc,
-            pool: &self.pool,
-            mr: self.mr,
-            posted: &mut self.recv_posted,
-            stats: &mut self.stats,
-        };
+        let mut p = poster!(self, alloc);
         p.post_receives(1) == 1
     }
 
@@ -1232,14 +1233,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                     let _ = alloc.free(buf);
                     return Ok(Some(Event::NegotiateRequest { bytes: copy, len }));
                 }
-                let mut p = Poster {
-                    qp: &mut self.qp,
-                    alloc,
-                    pool: &self.pool,
-                    mr: self.mr,
-                    posted: &mut self.recv_posted,
-                    stats: &mut self.stats,
-                };
+                let mut p = poster!(self, alloc);
                 let r = self
                     .conn
                     .handle_receive(now, bytes, wc.invalidated_rkey, &mut p);
@@ -1651,20 +1645,12 @@ impl<Q: QueuePair> Endpoint<Q> {
             // SAFETY: sbuf was just allocated and is exclusively ours; `loc`
             // is its live location in the pool's mapping.
             let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
-            let mut p = Poster {
-                qp: &mut self.qp,
-                alloc,
-                pool: &self.pool,
-                mr: self.mr,
-                posted: &mut self.recv_posted,
-                stats: &mut self.stats,
-            };
             // The header is written straight into the send buffer; the
             // payload is gathered from the message buffer as a second SGE
             // of the same Send: no copy ([MS-SMBD] 2.2.3: the payload
             // follows the 24-byte header at DataOffset 24, which is what
             // the gather puts on the wire).
-            let Some(t) = self.conn.poll_transmit(now, &mut p, out) else {
+            let Some(t) = self.poll_transmit(now, alloc, out) else {
                 let _ = alloc.free(sbuf);
                 if let Some(r) = self.conn.terminated() {
                     return Err(self.fail(EndpointError::Terminated(r)));
@@ -1736,6 +1722,19 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
     }
 
+    /// [`Connection::poll_transmit`] into `header`, receives posted
+    /// through this endpoint's queue pair and `alloc` ([MS-SMBD] 3.1.5.9).
+    #[inline]
+    fn poll_transmit(
+        &mut self,
+        now: Instant,
+        alloc: &mut SliceAllocator,
+        header: &mut [u8],
+    ) -> Option<smbdirect_protocol::smbd::Transmit> {
+        let mut p = poster!(self, alloc);
+        self.conn.poll_transmit(now, &mut p, header)
+    }
+
     /// Posts the whole message `ps` ([`Connection::next_in_place`]) as one
     /// Send from its own buffer: the connection writes the 24-byte header
     /// into the header room right before the payload, and that contiguous
@@ -1772,15 +1771,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         let header = unsafe {
             std::slice::from_raw_parts_mut(mloc.ptr.as_ptr().add(start), mloc.len - start)
         };
-        let mut p = Poster {
-            qp: &mut self.qp,
-            alloc,
-            pool: &self.pool,
-            mr: self.mr,
-            posted: &mut self.recv_posted,
-            stats: &mut self.stats,
-        };
-        let Some(t) = self.conn.poll_transmit(now, &mut p, header) else {
+        let Some(t) = self.poll_transmit(now, alloc, header) else {
             if let Some(r) = self.conn.terminated() {
                 return Err(self.fail(EndpointError::Terminated(r)));
             }
