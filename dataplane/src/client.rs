@@ -15,6 +15,7 @@ use crate::provider::{
     QueuePair, Sge,
 };
 use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
+use smbdirect_protocol::smbd::config::DATA_TRANSFER_PAYLOAD_OFFSET;
 use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
 use smbdirect_protocol::smbd::{Connection, SmbdConfig};
 use smbdirect_protocol::time::Instant as PInstant;
@@ -49,6 +50,11 @@ impl core::fmt::Display for ClientError {
 }
 
 impl std::error::Error for ClientError {}
+
+/// Bytes [`Client::send`] leaves before a message that fits one segment,
+/// for its Data Transfer header ([MS-SMBD] 2.2.3: the payload at
+/// DataOffset 24).
+const HEADER_ROOM: usize = DATA_TRANSFER_PAYLOAD_OFFSET;
 
 /// Send-queue room kept for grants and revokes on top of the sends the
 /// credits allow.
@@ -306,16 +312,22 @@ impl<P: Provider> Client<P> {
     }
 
     /// Queues `msg` (copied into a pool buffer, the one copy: the Sends
-    /// gather from there) and starts sending it.
+    /// gather from there) and starts sending it. A message that fits one
+    /// Data Transfer message ([MS-SMBD] 3.1.5.1) is copied in behind room
+    /// for its header and goes as one contiguous Send from that buffer
+    /// ([`Endpoint::send_with_header_room`]).
     pub fn send(&mut self, msg: &[u8]) -> Result<(), ClientError> {
+        let max_seg =
+            (self.ep.connection().params().max_send_size as usize).saturating_sub(HEADER_ROOM);
+        let room = if msg.len() <= max_seg { HEADER_ROOM } else { 0 };
         let id = self
             .alloc
-            .alloc_len(msg.len().max(1))
+            .alloc_len((room + msg.len()).max(1))
             .map_err(|_| ClientError::PoolExhausted)?;
         // SAFETY: `id` was just allocated and is exclusively ours.
         let copied = match unsafe { self.alloc.pool().bytes_mut(id) } {
-            Some(b) if b.len() >= msg.len() => {
-                b[..msg.len()].copy_from_slice(msg);
+            Some(b) if b.len() >= room + msg.len() => {
+                b[room..room + msg.len()].copy_from_slice(msg);
                 true
             }
             _ => false,
@@ -324,7 +336,13 @@ impl<P: Provider> Client<P> {
             let _ = self.alloc.free(id);
             return Err(ClientError::PoolExhausted);
         }
-        if let Err(e) = self.ep.send(id, msg.len() as u32) {
+        let queued = if room > 0 {
+            self.ep
+                .send_with_header_room(id, room as u32, msg.len() as u32, None)
+        } else {
+            self.ep.send(id, msg.len() as u32)
+        };
+        if let Err(e) = queued {
             let _ = self.alloc.free(id);
             return Err(ClientError::Send(e));
         }

@@ -26,12 +26,13 @@ use crate::provider::{
 use crate::upper::{Backpressure, RdmaError, RdmaKind, Ticket};
 use crate::zerocopy::{unpin_encoded, Piece, Pins, PIECE_BYTES};
 use smbdirect_hugepages::{AllocError, BufId, BufferPool, ClassId, SliceAllocator};
+use smbdirect_protocol::smbd::config::DATA_TRANSFER_PAYLOAD_OFFSET;
 use smbdirect_protocol::smbd::rdma_slice;
 use smbdirect_protocol::smbd::read_depth::ReadDepth;
 use smbdirect_protocol::smbd::wire::BufferDescriptorArray;
 use smbdirect_protocol::smbd::{
-    Connection, MessageData, NegotiateDecision, Receive, ReceivePoster, Role, SendError,
-    TerminateReason, MAX_HEADER_LEN,
+    Connection, MessageData, NegotiateDecision, PayloadSlice, Receive, ReceivePoster, Role,
+    SendError, TerminateReason, MAX_HEADER_LEN,
 };
 use smbdirect_protocol::time::Instant;
 use std::collections::VecDeque;
@@ -54,6 +55,13 @@ const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
 const RELEASE_STASH: usize = MAX_HEADER_LEN;
 /// The stash's "nothing to release".
 const RELEASE_NONE: u64 = u64::MAX;
+/// In a send's work-request id: the buffer named is the message itself,
+/// sent in place with its header in the header room before it
+/// ([`Connection::next_in_place`]): its completion frees it, no stash to
+/// read. The top bit of the buffer index, which no buffer has in a pool
+/// whose classes hold fewer than 2^31 buffers per slice (checked when the
+/// endpoint is made: [`Endpoint::new`]).
+const SEND_IN_PLACE: u64 = 1 << 31;
 
 /// RDMA operations a connection may have requested and not yet finished
 /// (the default size of its [`RdmaOps`] table).
@@ -980,6 +988,21 @@ impl RdmaOps {
     }
 }
 
+/// The [`Poster`] of endpoint `$ep` over `$alloc`: its fields borrowed
+/// one by one, so the connection stays usable beside it.
+macro_rules! poster {
+    ($ep:expr, $alloc:expr) => {
+        Poster {
+            qp: &mut $ep.qp,
+            alloc: $alloc,
+            pool: &$ep.pool,
+            mr: $ep.mr,
+            posted: &mut $ep.recv_posted,
+            stats: &mut $ep.stats,
+        }
+    };
+}
+
 /// Posts receives on behalf of the connection.
 struct Poster<'a, Q: QueuePair> {
     qp: &'a mut Q,
@@ -1039,6 +1062,16 @@ impl<Q: QueuePair> ReceivePoster for Poster<'_, Q> {
     }
 }
 
+/// What [`Endpoint::flush_in_place`] did.
+enum InPlaceSend {
+    /// Posted the message.
+    Posted,
+    /// The connection has nothing to send now (e.g. no send credit).
+    Nothing,
+    /// The buffer has no usable header room: take the general path.
+    NoRoom,
+}
+
 /// One connection on one queue pair.
 #[derive(Debug)]
 pub struct Endpoint<Q: QueuePair> {
@@ -1066,6 +1099,9 @@ pub struct Endpoint<Q: QueuePair> {
     /// Scratch for the work requests of one `post_send` of RDMA (reused:
     /// nothing of its size is built per post).
     chain: Box<Chain>,
+    /// Whole messages queued with header room go as one contiguous Send
+    /// ([`SEND_IN_PLACE`] is free in every buffer id of the pool).
+    in_place_sends: bool,
 }
 
 impl<Q: QueuePair> Endpoint<Q> {
@@ -1074,7 +1110,6 @@ impl<Q: QueuePair> Endpoint<Q> {
         Endpoint {
             qp,
             conn,
-            pool,
             mr,
             recv_posted: 0,
             sends_in_flight: 0,
@@ -1086,6 +1121,11 @@ impl<Q: QueuePair> Endpoint<Q> {
             capture: None,
             rdma: None,
             chain: Box::new(Chain::new()),
+            in_place_sends: (0..pool.class_count()).all(|c| {
+                pool.class_layout(ClassId(c as u8))
+                    .is_some_and(|l| u64::from(l.per_slice) <= SEND_IN_PLACE)
+            }),
+            pool,
         }
     }
 
@@ -1143,14 +1183,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         decision: NegotiateDecision,
         alloc: &mut SliceAllocator,
     ) -> Result<(), EndpointError> {
-        let mut p = Poster {
-            qp: &mut self.qp,
-            alloc,
-            pool: &self.pool,
-            mr: self.mr,
-            posted: &mut self.recv_posted,
-            stats: &mut self.stats,
-        };
+        let mut p = poster!(self, alloc);
         match self.conn.apply_negotiate_decision(now, decision, &mut p) {
             Ok(_) => Ok(()),
             Err(r) => Err(self.fail(EndpointError::Terminated(r))),
@@ -1208,14 +1241,7 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Posts the receive for the negotiate message ([MS-SMBD] 3.1.4.1 /
     /// 3.1.7.2: "post at least one receive buffer of at least 512 bytes").
     pub fn post_negotiate_receive(&mut self, alloc: &mut SliceAllocator) -> bool {
-        let mut p = Poster {
-            qp: &mut self.qp,
-            alloc,
-            pool: &self.pool,
-            mr: self.mr,
-            posted: &mut self.recv_posted,
-            stats: &mut self.stats,
-        };
+        let mut p = poster!(self, alloc);
         p.post_receives(1) == 1
     }
 
@@ -1246,6 +1272,16 @@ impl<Q: QueuePair> Endpoint<Q> {
     ) -> Result<Option<Event>, EndpointError> {
         let buf = BufId::from_bits(wc.wr_id & ID_MASK);
         match wc.wr_id >> KIND_SHIFT {
+            KIND_SEND if self.in_place_sends && wc.wr_id & SEND_IN_PLACE != 0 => {
+                // A whole message sent in place: the buffer is the
+                // message's, done with once its Send is.
+                self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+                let _ = alloc.free(BufId::from_bits(wc.wr_id & ID_MASK & !SEND_IN_PLACE));
+                if wc.status != WcStatus::Success {
+                    return Err(self.fail(EndpointError::Provider(wc.status)));
+                }
+                Ok(None)
+            }
             KIND_SEND => {
                 self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
                 if self.partial == Some(buf) {
@@ -1300,14 +1336,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                     let _ = alloc.free(buf);
                     return Ok(Some(Event::NegotiateRequest { bytes: copy, len }));
                 }
-                let mut p = Poster {
-                    qp: &mut self.qp,
-                    alloc,
-                    pool: &self.pool,
-                    mr: self.mr,
-                    posted: &mut self.recv_posted,
-                    stats: &mut self.stats,
-                };
+                let mut p = poster!(self, alloc);
                 let r = self
                     .conn
                     .handle_receive(now, bytes, wc.invalidated_rkey, &mut p);
@@ -1626,6 +1655,14 @@ impl<Q: QueuePair> Endpoint<Q> {
         message_bytes(&self.conn, &self.pool, d)
     }
 
+    /// A delivered message's length (without locating its buffer).
+    pub fn message_len(&self, d: &Delivery) -> usize {
+        match &d.data {
+            MessageData::InPlace(r) => r.len(),
+            MessageData::Reassembled => self.conn.reassembled().len(),
+        }
+    }
+
     /// A delivered message's bytes and the RDMA operations, at once (the
     /// upper layer reads the one and requests the other).
     pub fn message_and_rdma(&mut self, d: &Delivery) -> (&[u8], Option<&mut RdmaOps>) {
@@ -1677,6 +1714,22 @@ impl<Q: QueuePair> Endpoint<Q> {
         self.conn.send_at(msg.to_bits(), offset, len, invalidate)
     }
 
+    /// [`Endpoint::send_at`] where the 24 bytes before `offset` in `msg`
+    /// are free for the header (a received message's own header, answered
+    /// in place; a message copied in behind room left for it): sent whole,
+    /// header and payload go as one contiguous Send from `msg`
+    /// ([`Connection::send_with_header_room`]), with no send buffer.
+    pub fn send_with_header_room(
+        &mut self,
+        msg: BufId,
+        offset: u32,
+        len: u32,
+        invalidate: Option<u32>,
+    ) -> Result<(), SendError> {
+        self.conn
+            .send_with_header_room(msg.to_bits(), offset, len, invalidate)
+    }
+
     /// [`Endpoint::send`], as Send with Invalidate of the peer's `token`
     /// when given ([MS-SMBD] 3.1.5.1: the last fragment carries it).
     pub fn send_with_invalidate(
@@ -1700,7 +1753,9 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         // RDMA first: a reply the upper layer queued after an RDMA Write was
         // queued after its completion, so no ordering is at stake here.
-        self.post_rdma()?;
+        if self.rdma.as_ref().is_some_and(|r| !r.pending.is_empty()) {
+            self.post_rdma()?;
+        }
         loop {
             if !self.conn.transmit_pending() {
                 // Nothing to say: no send buffer to reserve and give back.
@@ -1708,6 +1763,15 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             if self.sq_used() >= self.send_depth {
                 return Ok(true); // completions will call us again
+            }
+            if self.in_place_sends && self.capture.is_none() {
+                if let Some(ps) = self.conn.next_in_place() {
+                    match self.flush_in_place(now, alloc, ps)? {
+                        InPlaceSend::Posted => continue,
+                        InPlaceSend::Nothing => return Ok(true),
+                        InPlaceSend::NoRoom => {}
+                    }
+                }
             }
             // Reserve the send buffer first, so a transmit the connection
             // commits to always has somewhere to go.
@@ -1730,20 +1794,12 @@ impl<Q: QueuePair> Endpoint<Q> {
             // SAFETY: sbuf was just allocated and is exclusively ours; `loc`
             // is its live location in the pool's mapping.
             let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
-            let mut p = Poster {
-                qp: &mut self.qp,
-                alloc,
-                pool: &self.pool,
-                mr: self.mr,
-                posted: &mut self.recv_posted,
-                stats: &mut self.stats,
-            };
             // The header is written straight into the send buffer; the
             // payload is gathered from the message buffer as a second SGE
             // of the same Send: no copy ([MS-SMBD] 2.2.3: the payload
             // follows the 24-byte header at DataOffset 24, which is what
             // the gather puts on the wire).
-            let Some(t) = self.conn.poll_transmit(now, &mut p, out) else {
+            let Some(t) = self.poll_transmit(now, alloc, out) else {
                 let _ = alloc.free(sbuf);
                 if let Some(r) = self.conn.terminated() {
                     return Err(self.fail(EndpointError::Terminated(r)));
@@ -1813,6 +1869,85 @@ impl<Q: QueuePair> Endpoint<Q> {
                 return Ok(true);
             }
         }
+    }
+
+    /// [`Connection::poll_transmit`] into `header`, receives posted
+    /// through this endpoint's queue pair and `alloc` ([MS-SMBD] 3.1.5.9).
+    #[inline]
+    fn poll_transmit(
+        &mut self,
+        now: Instant,
+        alloc: &mut SliceAllocator,
+        header: &mut [u8],
+    ) -> Option<smbdirect_protocol::smbd::Transmit> {
+        let mut p = poster!(self, alloc);
+        self.conn.poll_transmit(now, &mut p, header)
+    }
+
+    /// Posts the whole message `ps` ([`Connection::next_in_place`]) as one
+    /// Send from its own buffer: the connection writes the 24-byte header
+    /// into the header room right before the payload, and that contiguous
+    /// range is the one SGE. The same bytes reach the wire as through the
+    /// general path (header from a send buffer, payload gathered): no send
+    /// buffer to allocate, locate and free, one SGE instead of two.
+    fn flush_in_place(
+        &mut self,
+        now: Instant,
+        alloc: &mut SliceAllocator,
+        ps: PayloadSlice,
+    ) -> Result<InPlaceSend, EndpointError> {
+        let msg = BufId::from_bits(ps.handle);
+        let room = DATA_TRANSFER_PAYLOAD_OFFSET;
+        let start = ps.offset as usize - room;
+        let end = ps.offset as usize + ps.len as usize;
+        // The header buffer handed to the connection runs from the header
+        // room to the end of the message buffer: at least MAX_HEADER_LEN.
+        let Some(mloc) = self
+            .pool
+            .locate(msg)
+            .filter(|l| end <= l.len && l.len - start >= MAX_HEADER_LEN)
+        else {
+            return Ok(InPlaceSend::NoRoom);
+        };
+        if msg.to_bits() & (SEND_IN_PLACE | !ID_MASK) != 0 {
+            return Ok(InPlaceSend::NoRoom);
+        }
+        // SAFETY: the message buffer belongs to this endpoint until its
+        // Send completes and nothing reads or writes it meanwhile; the
+        // range is inside it (checked above). The connection writes only
+        // the 24 header bytes, all in the header room, which the sender
+        // gave up ([`Endpoint::send_with_header_room`]).
+        let header = unsafe {
+            std::slice::from_raw_parts_mut(mloc.ptr.as_ptr().add(start), mloc.len - start)
+        };
+        let Some(t) = self.poll_transmit(now, alloc, header) else {
+            if let Some(r) = self.conn.terminated() {
+                return Err(self.fail(EndpointError::Terminated(r)));
+            }
+            return Ok(InPlaceSend::Nothing);
+        };
+        debug_assert_eq!(t.payload, Some(ps));
+        debug_assert_eq!(t.header_len, room);
+        let sges = [self.mr.sge(
+            (mloc.offset + start) as u64,
+            (room + ps.len as usize) as u32,
+        )];
+        let wr = [SendWr {
+            wr_id: wr_id(KIND_SEND, msg) | SEND_IN_PLACE,
+            op: SendOp::Send {
+                sges: &sges,
+                invalidate: t.invalidate_token,
+            },
+            signaled: true,
+        }];
+        if self.qp.post_send(&wr).is_err() {
+            let _ = alloc.free(msg);
+            self.conn.handle_connection_lost();
+            return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
+        }
+        self.sends_in_flight += 1;
+        self.stats.sends_posted += 1;
+        Ok(InPlaceSend::Posted)
     }
 
     /// [MS-SMBD] 3.1.6 timers; the earliest deadline is
@@ -2472,6 +2607,86 @@ mod tests {
         assert_eq!(done, 3);
         assert!(r.pool.locate(id).is_none());
         assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
+    }
+
+    #[test]
+    fn a_whole_message_with_header_room_goes_as_one_contiguous_send_with_the_same_bytes() {
+        // The same 1,000 bytes, once through the general path (header from
+        // a send buffer, payload gathered) and once queued with header room
+        // (header written in the 24 bytes before the payload, one SGE):
+        // identical messages on the wire, and the in-place one takes no
+        // send buffer.
+        let mut r = established_rig();
+        let (id, msg) = queued_message(&mut r);
+        r.ep.send(id, 1000).unwrap();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        let general = std::mem::take(&mut r.ep.qp_mut().sends);
+        assert_eq!(general.len(), 1);
+        assert_eq!(general[0].1, 2, "general path: header and payload gathered");
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        assert!(r.pool.locate(id).is_none());
+
+        let free_sends = |r: &Rig| r.pool.class_stats(0, ClassId::SEND).unwrap().free;
+        let id = r.alloc.alloc(ClassId(2)).unwrap();
+        // SAFETY: `id` was just allocated and is exclusively ours.
+        let b = unsafe { r.pool.bytes_mut(id) }.unwrap();
+        b[..24].fill(0xee); // whatever was there: overwritten by the header
+        b[24..1024].copy_from_slice(&msg[..1000]);
+        let before = free_sends(&r);
+        r.ep.send_with_header_room(id, 24, 1000, None).unwrap();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        let in_place = std::mem::take(&mut r.ep.qp_mut().sends);
+        assert_eq!(in_place.len(), 1);
+        assert_eq!(in_place[0].1, 1, "one contiguous SGE");
+        assert_eq!(free_sends(&r), before, "no send buffer taken");
+        // Byte for byte the general path's message except CreditsGranted
+        // (the first message granted the receives posted since).
+        let (g, p) = (&general[0].0, &in_place[0].0);
+        let gv = smbdirect_protocol::smbd::wire::DataTransfer::new_checked(&g[..]).unwrap();
+        let pv = smbdirect_protocol::smbd::wire::DataTransfer::new_checked(&p[..]).unwrap();
+        assert_eq!(p.len(), g.len());
+        assert_eq!(pv.credits_requested(), gv.credits_requested());
+        assert_eq!(pv.flags(), gv.flags());
+        assert_eq!(pv.remaining_data_length(), 0);
+        assert_eq!(pv.data_offset(), 24);
+        assert_eq!(&p[20..24], &[0; 4], "padding zeroed");
+        assert_eq!(pv.payload().unwrap(), &msg[..1000]);
+        assert_eq!(gv.payload().unwrap(), &msg[..1000]);
+        // Its completion frees the message buffer itself.
+        assert!(r.pool.locate(id).is_some());
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        assert!(r.pool.locate(id).is_none());
+        assert_eq!(free_sends(&r), before);
+        assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
+
+        // Too long for one segment: the general path, fragments and all.
+        let (id, msg) = queued_message(&mut r);
+        // SAFETY: as above.
+        let b = unsafe { r.pool.bytes_mut(id) }.unwrap();
+        b.copy_within(..msg.len(), 24);
+        r.ep.send_with_header_room(id, 24, msg.len() as u32, None)
+            .unwrap();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        let sends = std::mem::take(&mut r.ep.qp_mut().sends);
+        assert_eq!(sends.len(), 3);
+        let mut whole = Vec::new();
+        for (bytes, nsge) in &sends {
+            assert_eq!(*nsge, 2);
+            let v = smbdirect_protocol::smbd::wire::DataTransfer::new_checked(&bytes[..]).unwrap();
+            whole.extend_from_slice(v.payload().unwrap());
+        }
+        assert_eq!(whole, msg);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        assert!(r.pool.locate(id).is_none());
     }
 
     #[test]

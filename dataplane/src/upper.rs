@@ -71,6 +71,7 @@ use smbdirect_hugepages::{BufId, BufferPool, SliceAllocator};
 use smbdirect_protocol::ntstatus::{
     NtStatus, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
 };
+use smbdirect_protocol::smbd::config::DATA_TRANSFER_PAYLOAD_OFFSET as HEADER_ROOM;
 use smbdirect_protocol::smbd::rdma_slice::{self, SliceError};
 use smbdirect_protocol::smbd::wire::BufferDescriptorArray;
 use smbdirect_protocol::time::Instant as PInstant;
@@ -186,7 +187,12 @@ pub struct RdmaDone<'a> {
 }
 
 /// A reply queued by the upper layer: `len` bytes at `offset` into pool
-/// buffer `buf`, and the peer token to invalidate with it.
+/// buffer `buf`, and the peer token to invalidate with it. The bytes of
+/// `buf` before `offset` are the reply's own scratch (a received message's
+/// header, or room [`Replies::reply`] left): the transport may write the
+/// reply's SMB Direct header there ([`Endpoint::send_with_header_room`]).
+///
+/// [`Endpoint::send_with_header_room`]: crate::endpoint::Endpoint::send_with_header_room
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QueuedReply {
     pub(crate) buf: BufId,
@@ -333,13 +339,24 @@ impl Replies<'_> {
         if self.count == self.queued.len() {
             return Err(Backpressure::SendQueueFull);
         }
+        // Room for the SMB Direct header before the reply where the buffer
+        // the reply needs anyway has it: sent whole, header and reply then
+        // go as one contiguous Send, without a send buffer.
+        let class = self
+            .pool
+            .class_for_len(len.max(1))
+            .ok_or(Backpressure::PoolExhausted)?;
+        let room = match self.pool.class_layout(class) {
+            Some(l) if l.buf_size >= len + HEADER_ROOM => HEADER_ROOM,
+            _ => 0,
+        };
         let id = self
             .alloc
-            .alloc_len(len.max(1))
+            .alloc(class)
             .map_err(|_| Backpressure::PoolExhausted)?;
         // SAFETY: `id` was just allocated and is exclusively ours.
         match unsafe { self.pool.bytes_mut(id) } {
-            Some(b) if b.len() >= len => fill(&mut b[..len]),
+            Some(b) if b.len() >= room + len => fill(&mut b[room..room + len]),
             _ => {
                 let _ = self.alloc.free(id);
                 return Err(Backpressure::TooLarge);
@@ -347,7 +364,7 @@ impl Replies<'_> {
         }
         self.queued[self.count] = QueuedReply {
             buf: id,
-            offset: 0,
+            offset: room as u32,
             len: len as u32,
             invalidate,
             in_place: false,
@@ -943,5 +960,29 @@ mod tests {
         out.count = 1;
         assert_eq!(out.reply_in_place(), Err(Backpressure::SendQueueFull));
         alloc.free(rbuf).unwrap();
+    }
+
+    #[test]
+    fn a_reply_leaves_room_for_its_header_where_its_buffer_class_has_it() {
+        // 100 bytes in a 1,364-byte send buffer: 24 bytes of room before
+        // it. 1,350 bytes would not fit behind 24: no room, offset 0, same
+        // class either way (no larger buffer taken for the room).
+        let pool = pool();
+        let mut alloc = pool.claim_slice(0).unwrap();
+        let mut queued = [QueuedReply::EMPTY; 2];
+        let mut out = replies(&mut alloc, &pool, &mut queued, None);
+        out.reply(100, |b| b.fill(7)).unwrap();
+        out.reply(1350, |b| b.fill(9)).unwrap();
+        let (a, b) = (queued[0], queued[1]);
+        assert_eq!((a.offset, a.len), (24, 100));
+        assert_eq!((b.offset, b.len), (0, 1350));
+        for (q, byte) in [(a, 7u8), (b, 9)] {
+            assert_eq!(q.buf.class(), ClassId::SEND);
+            // SAFETY: the test owns the buffers.
+            let bytes = unsafe { pool.bytes(q.buf) }.unwrap();
+            let r = q.offset as usize..(q.offset + q.len) as usize;
+            assert!(bytes[r].iter().all(|&x| x == byte));
+            alloc.free(q.buf).unwrap();
+        }
     }
 }

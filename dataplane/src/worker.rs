@@ -187,6 +187,16 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// Something was pushed to `outbox` since the control plane's doorbell
     /// was last rung.
     told: bool,
+    /// Something may have changed a slot since [`Worker::service_slots`]
+    /// last left every slot with nothing to do (a completion, a control
+    /// message, an upper-layer wake, a timer): only then does the loop walk
+    /// the slots. An idle iteration is a completion poll and little else,
+    /// so a message arriving is noticed sooner.
+    needs_service: bool,
+    /// The slot of the queue pair whose completion came last (completions
+    /// come in runs per queue pair): `by_qp` is looked up only on a change.
+    /// Forgotten when a slot is freed.
+    last_qp: Option<(QpId, usize)>,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -243,6 +253,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             bell: None,
             cp_bell: None,
             told: false,
+            needs_service: true,
+            last_qp: None,
         }
     }
 
@@ -369,6 +381,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let n = self.cq.poll(&mut wcs);
             if n > 0 {
                 work = true;
+                self.needs_service = true;
                 let now = self.now();
                 for wc in &wcs[..n] {
                     self.on_completion(now, wc);
@@ -376,9 +389,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             while let Some(m) = self.inbox.pop() {
                 work = true;
+                self.needs_service = true;
                 self.on_control(m);
             }
             if !self.orphans.is_empty() {
+                self.needs_service = true;
                 let now = self.now();
                 for _ in 0..self.orphans.len() {
                     let Some(wc) = self.orphans.pop_front() else {
@@ -389,19 +404,24 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             if self.poll_upper() {
                 work = true;
+                self.needs_service = true;
             }
-            if self.service_slots() {
+            if self.needs_service && self.service_slots() {
                 work = true;
             }
             if tick.saturating_sub(last_timer_scan) >= timer_scan {
                 last_timer_scan = tick;
                 self.fire_timers();
+                self.needs_service = true;
             }
             self.flush_pending_out();
-            if self.shutdown_at.is_none() {
+            // With the clock: after work, and every few idle iterations (the
+            // control plane takes a loan per arriving connection).
+            if self.shutdown_at.is_none() && idle_iterations == 0 {
                 self.refill_loans();
             }
             if let Some(t) = self.shutdown_at {
+                self.needs_service = true;
                 if self.live_slots() == 0 && self.pending_out.is_empty() {
                     break;
                 }
@@ -606,19 +626,28 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             shortfalls_seen: 0,
         });
         self.by_qp.insert(qp_id, i);
+        self.last_qp = None;
         self.by_conn.insert(conn, i);
         WorkerStats::add(&self.stats.connections, 1);
         WorkerStats::add(&self.stats.connections_total, 1);
     }
 
     fn on_completion(&mut self, now: PInstant, wc: &Completion) {
-        let Some(&i) = self.by_qp.get(&wc.qp) else {
-            // Its Attach is still in the ring (bounded: a new queue pair has
-            // only its negotiate receive posted until attached).
-            if self.orphans.len() < self.orphans.capacity() {
-                self.orphans.push_back(*wc);
+        let i = match self.last_qp {
+            Some((qp, i)) if qp == wc.qp => i,
+            _ => {
+                let Some(&i) = self.by_qp.get(&wc.qp) else {
+                    // Its Attach is still in the ring (bounded: a new queue
+                    // pair has only its negotiate receive posted until
+                    // attached).
+                    if self.orphans.len() < self.orphans.capacity() {
+                        self.orphans.push_back(*wc);
+                    }
+                    return;
+                };
+                self.last_qp = Some((wc.qp, i));
+                i
             }
-            return;
         };
         let Some(slot) = self.slots[i].as_mut() else {
             return;
@@ -628,7 +657,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             Ok(None) => {}
             Ok(Some(Event::Message(d))) => {
                 WorkerStats::add(&self.stats.messages_in, 1);
-                WorkerStats::add(&self.stats.bytes_in, slot.ep.message(&d).len() as u64);
+                WorkerStats::add(&self.stats.bytes_in, slot.ep.message_len(&d) as u64);
                 slot.deferred.push_back(d);
             }
             Ok(Some(Event::NegotiateRequest { bytes, len })) => {
@@ -657,10 +686,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     }
 
     /// Runs the upper layer on waiting messages, flushes transmits, reaps
-    /// closed connections. Returns whether anything happened.
+    /// closed connections. Returns whether anything happened. Leaves
+    /// `needs_service` set while a slot still has something to do
+    /// (backpressure, a pool stall, a close waiting for completions).
     fn service_slots(&mut self) -> bool {
         let now = self.now();
         let mut any = false;
+        let mut again = false;
         let mut from = 0;
         while let Some(i) = next_set_bit(&self.occupied, from) {
             from = i + 1;
@@ -885,10 +917,16 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 }
                 any = true;
             }
+            again |= slot.dirty
+                || slot.closing.is_some()
+                || !slot.deferred.is_empty()
+                || !slot.wakes.is_empty()
+                || slot.ep.rdma().is_some_and(|r| r.peek_done().is_some());
             if let Some(reason) = slot.closing {
                 self.finish_close(i, reason);
             }
         }
+        self.needs_service = again;
         any
     }
 
@@ -948,6 +986,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         self.occupied[i / 64] &= !(1 << (i % 64));
         WorkerStats::add(&self.stats.pool_stalls, slot.new_shortfalls());
         self.by_qp.remove(&slot.ep.qp().id());
+        self.last_qp = None;
         self.by_conn.remove(&slot.conn);
         let peer_violation = matches!(reason, CloseReason::Protocol(r) if r.is_peer_violation())
             || reason == CloseReason::UpperLayer;
@@ -967,6 +1006,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     }
 
     fn close_all(&mut self, reason: CloseReason) {
+        self.needs_service = true;
         for slot in self.slots.iter_mut().flatten() {
             slot.closing.get_or_insert(reason);
         }
@@ -1006,7 +1046,21 @@ fn settle<Q: crate::provider::QueuePair>(
     match r {
         Ok(()) => {
             for q in queued {
-                if ep.send_at(q.buf, q.offset, q.len, q.invalidate).is_err() {
+                // The bytes before a reply are its own (QueuedReply), but a
+                // reply in place keeps the general path (header in a send
+                // buffer): its receive buffer was just written by the peer
+                // (with the soft provider, by the peer's core), and writing
+                // the header into it costs this core the line's ownership
+                // back, about what the send buffer saves (same-run
+                // alternation: docs/bench-results.md, "SMB Direct send
+                // path"). A reply built here (`Replies::reply`, a local
+                // buffer) and the client's messages go in place.
+                let r = if q.in_place {
+                    ep.send_at(q.buf, q.offset, q.len, q.invalidate)
+                } else {
+                    ep.send_with_header_room(q.buf, q.offset, q.len, q.invalidate)
+                };
+                if r.is_err() {
                     // An in-place reply's buffer is ours to free too: the
                     // delivery it came from is forgotten, not released.
                     let _ = alloc.free(q.buf);

@@ -569,6 +569,44 @@ fn a_message_sent_at_an_offset_is_sliced_from_there_and_fragmented_alike() {
     ));
 }
 
+#[test]
+fn next_in_place_names_only_a_whole_message_with_header_room_and_the_header_is_24_bytes() {
+    // 3.1.5.1: a message that fits one segment (MaxSendSize 1024 - 24)
+    // queued with header room is the next transmit's whole payload, behind
+    // a header of exactly DataOffset 24 bytes: the caller may write that
+    // header into the room before it.
+    let (mut c, mut p) = established_default();
+    assert_eq!(c.next_in_place(), None, "nothing queued");
+    c.send_at(1, 24, 100, None).unwrap();
+    assert_eq!(c.next_in_place(), None, "queued without header room");
+    drain(&mut c, ms(20), &mut p);
+    c.send_with_header_room(2, 24, 1000, Some(9)).unwrap();
+    let ps = c.next_in_place().expect("a whole message with room");
+    assert_eq!((ps.handle, ps.offset, ps.len, ps.last), (2, 24, 1000, true));
+    // The header buffer starts at the room and runs into the payload: only
+    // the 24 header bytes are written.
+    let mut buf = [0xaau8; 64];
+    let t = c.poll_transmit(ms(20), &mut p, &mut buf).unwrap();
+    assert_eq!(t.payload, Some(ps));
+    assert_eq!(t.header_len, 24);
+    assert_eq!(t.invalidate_token, Some(9));
+    assert!(buf[24..].iter().all(|&b| b == 0xaa), "payload untouched");
+    assert_eq!(view(&buf[..24 + 40]).data_offset(), 24);
+    assert_eq!(view(&buf[..24 + 40]).data_length(), 1000);
+    assert_eq!(view(&buf[..24 + 40]).remaining_data_length(), 0);
+    // Too long for one segment, or no room before it: the general path.
+    c.send_with_header_room(3, 24, 1001, None).unwrap();
+    assert_eq!(c.next_in_place(), None, "fragmented");
+    drain(&mut c, ms(20), &mut p);
+    c.send_with_header_room(4, 23, 10, None).unwrap();
+    assert_eq!(c.next_in_place(), None, "fewer than 24 bytes before it");
+    drain(&mut c, ms(20), &mut p);
+    // Not after termination.
+    c.send_with_header_room(5, 24, 10, None).unwrap();
+    c.close();
+    assert_eq!(c.next_in_place(), None, "terminated");
+}
+
 // ---------------------------------------------------------------------------
 // 3.1.5.2 Sending a Negotiate Request Message
 // ---------------------------------------------------------------------------

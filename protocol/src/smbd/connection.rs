@@ -425,6 +425,35 @@ impl Connection {
         len: u32,
         invalidate_token: Option<u32>,
     ) -> Result<(), SendError> {
+        self.queue(handle, offset, len, invalidate_token, false)
+    }
+
+    /// [`Connection::send_at`] of a message whose handle's bytes have room
+    /// for a header before it: the [`DATA_TRANSFER_PAYLOAD_OFFSET`] bytes
+    /// before `offset` are the caller's scratch (e.g. the header of the
+    /// received message it answers in place). A message sent whole (one
+    /// segment, [MS-SMBD] 3.1.5.1) may then be posted as one contiguous
+    /// Send, header and payload, without a separate header buffer: see
+    /// [`Connection::next_in_place`]. On the wire nothing differs.
+    pub fn send_with_header_room(
+        &mut self,
+        handle: u64,
+        offset: u32,
+        len: u32,
+        invalidate_token: Option<u32>,
+    ) -> Result<(), SendError> {
+        let room = offset as usize >= DATA_TRANSFER_PAYLOAD_OFFSET;
+        self.queue(handle, offset, len, invalidate_token, room)
+    }
+
+    fn queue(
+        &mut self,
+        handle: u64,
+        offset: u32,
+        len: u32,
+        invalidate_token: Option<u32>,
+        header_room: bool,
+    ) -> Result<(), SendError> {
         if !self.is_established() {
             return Err(SendError::NotEstablished);
         }
@@ -450,8 +479,47 @@ impl Connection {
                 len,
                 sent: 0,
                 invalidate_token,
+                header_room,
             })
             .map_err(|_| SendError::QueueFull)
+    }
+
+    /// The payload of the next Data Transfer message when it will carry a
+    /// whole upper-layer message queued by
+    /// [`Connection::send_with_header_room`]: no control message goes
+    /// first, the message is at the front of the send queue, nothing of it
+    /// is sent yet and it fits one segment (MaxSendSize - 24, [MS-SMBD]
+    /// 3.1.5.1). Then, if [`Connection::poll_transmit`] returns a message
+    /// now, it carries exactly this payload at DataOffset
+    /// [`DATA_TRANSFER_PAYLOAD_OFFSET`] and writes a header of exactly that
+    /// many bytes: the caller may hand it the header room (the bytes before
+    /// `offset`, through the end of the handle's bytes) as its header
+    /// buffer and post header and payload as one contiguous Send. `None`
+    /// otherwise (the general path: a separate header buffer).
+    #[inline]
+    pub fn next_in_place(&self) -> Option<PayloadSlice> {
+        if self.control.is_some() || self.terminated.is_some() || self.role != Role::Established {
+            return None;
+        }
+        let m = self.send_queue.front()?;
+        if !m.header_room || m.sent != 0 || m.len > self.max_segment() {
+            return None;
+        }
+        Some(PayloadSlice {
+            handle: m.handle,
+            offset: m.base,
+            len: m.len,
+            last: true,
+        })
+    }
+
+    /// The most payload one Data Transfer message carries ([MS-SMBD]
+    /// 3.1.5.1: MaxSendSize less the header and its padding).
+    #[inline]
+    fn max_segment(&self) -> u32 {
+        (self.params.max_send_size as usize)
+            .saturating_sub(DATA_TRANSFER_PAYLOAD_OFFSET)
+            .max(1) as u32
     }
 
     /// [MS-SMBD] 3.1.5.5: handle one received message. `msg` is exactly the
@@ -758,9 +826,7 @@ impl Connection {
             flags,
             ..DataTransferRepr::default()
         };
-        let max_seg = (self.params.max_send_size as usize)
-            .saturating_sub(DATA_TRANSFER_PAYLOAD_OFFSET)
-            .max(1) as u32;
+        let max_seg = self.max_segment();
         let (payload, invalidate_token) = match self.send_queue.front_mut() {
             None => {
                 self.stats.empty_sent += 1;

@@ -17,6 +17,11 @@ pub struct QueuedMessage {
     pub sent: u32,
     /// Token to invalidate on the peer with exactly one segment (3.1.5.4).
     pub invalidate_token: Option<u32>,
+    /// The [`DATA_TRANSFER_PAYLOAD_OFFSET`](super::config::DATA_TRANSFER_PAYLOAD_OFFSET)
+    /// bytes before `base` are the caller's scratch: sent whole, the
+    /// message may go as one contiguous Send with its header written there
+    /// ([`Connection::next_in_place`](super::Connection::next_in_place)).
+    pub header_room: bool,
 }
 
 /// Bounded FIFO ring.
@@ -36,6 +41,7 @@ impl SendQueue {
             len: 0,
             sent: 0,
             invalidate_token: None,
+            header_room: false,
         };
         SendQueue {
             slots: vec![empty; capacity.max(1)].into_boxed_slice(),
@@ -69,13 +75,32 @@ impl SendQueue {
         if self.is_full() {
             return Err(m);
         }
-        let i = (self.head + self.len) % self.slots.len();
-        self.slots[i] = m;
+        self.slots[self.wrap(self.head + self.len)] = m;
         self.len += 1;
         Ok(())
     }
 
+    /// `i` (below twice the capacity) as a slot index: a compare, not a
+    /// division (this runs for every message).
+    #[inline]
+    fn wrap(&self, i: usize) -> usize {
+        if i >= self.slots.len() {
+            i - self.slots.len()
+        } else {
+            i
+        }
+    }
+
     /// The head of the queue.
+    pub fn front(&self) -> Option<&QueuedMessage> {
+        if self.len == 0 {
+            None
+        } else {
+            Some(&self.slots[self.head])
+        }
+    }
+
+    /// The head of the queue, mutably.
     pub fn front_mut(&mut self) -> Option<&mut QueuedMessage> {
         if self.len == 0 {
             None
@@ -90,7 +115,7 @@ impl SendQueue {
             return None;
         }
         let m = self.slots[self.head];
-        self.head = (self.head + 1) % self.slots.len();
+        self.head = self.wrap(self.head + 1);
         self.len -= 1;
         Some(m)
     }
@@ -113,6 +138,7 @@ mod tests {
             len: 1,
             sent: 0,
             invalidate_token: None,
+            header_room: false,
         }
     }
 
