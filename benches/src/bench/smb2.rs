@@ -46,6 +46,7 @@ use super::send::{client_pool, loopback_server_config, server_pool_mem};
 use super::workload::{Outcome, Session, Workload};
 use super::Retained;
 use smbdirect_controlplane::{start, RunningServer};
+use smbdirect_dataplane::clock;
 use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::smb2::client::{
     Completion, IoBuf, MessageId, Smb2Client, Smb2ClientOptions, Smb2Error, Transfer,
@@ -600,7 +601,7 @@ impl<P: Provider> Smb2Session<P> {
     /// Sends slot `s`'s request for its current phase, waiting for credits
     /// if none are left (completions polled meanwhile are stashed).
     fn submit(&mut self, s: usize) -> Result<(), BenchError> {
-        let deadline = Instant::now() + CREDIT_WAIT;
+        let deadline = clock::now() + CREDIT_WAIT;
         loop {
             let sl = self.slots[s];
             let fid = if self.flows.is_empty() {
@@ -619,7 +620,7 @@ impl<P: Provider> Smb2Session<P> {
                     self.slots[s].id = id;
                     return Ok(());
                 }
-                Err(Smb2Error::NoCredits { .. }) if Instant::now() < deadline => {
+                Err(Smb2Error::NoCredits { .. }) if clock::now() < deadline => {
                     match self.c.poll(Duration::ZERO) {
                         Ok(Some(done)) => self.stash.push_back(done),
                         Ok(None) => std::hint::spin_loop(),
@@ -712,7 +713,7 @@ impl<P: Provider> Smb2Session<P> {
             ));
         };
         let sl = self.slots[s];
-        let now = Instant::now();
+        let now = clock::now();
         let mut ok = match c.result {
             Ok(n) => n as usize == self.size,
             Err(Smb2Error::Transport(e)) => return Err(self.err("the connection failed", e)),
@@ -770,7 +771,7 @@ impl<P: Provider> Session for Smb2Session<P> {
         };
         let j = sl.count % self.per_region;
         let region = (self.index * self.slots.len() + s) as u64;
-        let now = Instant::now();
+        let now = clock::now();
         let flow = if self.flows.is_empty() {
             0
         } else {

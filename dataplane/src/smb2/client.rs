@@ -1255,7 +1255,7 @@ impl<P: Provider> Smb2Client<P> {
                 local_wrs: 0,
             },
             server,
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             client_guid,
             sync_buf: None,
             opts: options,
@@ -1310,7 +1310,11 @@ impl<P: Provider> Smb2Client<P> {
     /// This client's clock (since it was created), for the Storage QoS
     /// flows' timers.
     pub fn now(&self) -> PInstant {
-        PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+        PInstant::from_nanos(
+            crate::clock::now()
+                .saturating_duration_since(self.origin)
+                .as_nanos() as u64,
+        )
     }
 
     /// Why the connection is dead, if it is.
@@ -1504,7 +1508,7 @@ impl<P: Provider> Smb2Client<P> {
                 command: p.command,
                 result,
                 buf: p.op.buf(),
-                latency: p.submitted.elapsed(),
+                latency: crate::clock::now().saturating_duration_since(p.submitted),
             },
             reply,
         });
@@ -1532,7 +1536,7 @@ impl<P: Provider> Smb2Client<P> {
     /// connection is dead and every outstanding request has been handed
     /// out (with the transport error).
     pub fn poll(&mut self, timeout: Duration) -> Result<Option<Completion>, Smb2Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::clock::now() + timeout;
         let mut spins = 0;
         loop {
             self.finish();
@@ -1547,7 +1551,7 @@ impl<P: Provider> Smb2Client<P> {
             }
             // At least one step, so a zero timeout polls once.
             let progress = self.step_raw().unwrap_or(true);
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 self.finish();
                 return Ok(self.st.ready.pop_front().map(|d| d.completion));
             }
@@ -1562,7 +1566,7 @@ impl<P: Provider> Smb2Client<P> {
     }
 
     fn wait_done(&mut self, id: MessageId, abandon: bool) -> Result<Done, Smb2Error> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         let mut spins = 0;
         loop {
             self.finish();
@@ -1577,7 +1581,7 @@ impl<P: Provider> Smb2Client<P> {
                     None => Smb2Error::Invalid(format!("no outstanding request {}", id.0)),
                 });
             }
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 if abandon {
                     if let Some(p) = self.st.pending.get_mut(&id.0) {
                         p.abandoned = true;
@@ -1601,7 +1605,7 @@ impl<P: Provider> Smb2Client<P> {
 
     /// For a synchronous call: waits until `need` credits are held.
     fn ensure_credits(&mut self, need: u16) -> Result<(), Smb2Error> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         let mut spins = 0;
         loop {
             let have = self.st.credits.available();
@@ -1611,7 +1615,7 @@ impl<P: Provider> Smb2Client<P> {
             if let Some(e) = &self.st.dead {
                 return Err(Smb2Error::Transport(e.clone()));
             }
-            if !self.st.pending.is_empty() && Instant::now() < deadline {
+            if !self.st.pending.is_empty() && crate::clock::now() < deadline {
                 let progress = self.step_raw().unwrap_or(true);
                 self.finish();
                 self.idle(&mut spins, progress);
@@ -1619,7 +1623,7 @@ impl<P: Provider> Smb2Client<P> {
             }
             // Nothing outstanding brings credits back: an ECHO asks for
             // them ([MS-SMB2] 3.2.4.1.5 "wait until available").
-            if self.st.pending.is_empty() && have >= 1 && Instant::now() < deadline {
+            if self.st.pending.is_empty() && have >= 1 && crate::clock::now() < deadline {
                 let id = self.send_simple(Command::Echo, &EchoRequestRepr, Op::Control)?;
                 self.call(id)?;
                 if self.st.credits.available() > have {
@@ -1676,7 +1680,7 @@ impl<P: Provider> Smb2Client<P> {
         r: Reservation,
         op: Op,
     ) -> Result<MessageId, Smb2Error> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         loop {
             let e = match self.c.send(&self.st.scratch[..n]) {
                 Ok(()) => break,
@@ -1686,7 +1690,7 @@ impl<P: Provider> Smb2Client<P> {
                 e,
                 ClientError::Send(SendError::QueueFull) | ClientError::PoolExhausted
             );
-            if transient && Instant::now() < deadline {
+            if transient && crate::clock::now() < deadline {
                 // Send-queue room and send buffers come back as sends
                 // complete.
                 if let Err(e) = self.step_raw() {
@@ -1716,7 +1720,7 @@ impl<P: Provider> Smb2Client<P> {
             Pending {
                 command,
                 expect: r.credit_request,
-                submitted: Instant::now(),
+                submitted: crate::clock::now(),
                 op,
                 async_id: None,
                 abandoned: false,
@@ -1785,7 +1789,7 @@ impl<P: Provider> Smb2Client<P> {
             Smb2Error::Invalid(format!("{len} bytes at {offset} are outside buffer {id:?}"))
         })?;
         self.local_wr_room()?;
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         loop {
             match self
                 .c
@@ -1799,7 +1803,7 @@ impl<P: Provider> Smb2Client<P> {
                     return Ok(g);
                 }
                 // A full send queue drains as completions are polled.
-                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                Err(ProviderError::QueueFull) if crate::clock::now() < deadline => {
                     self.step_raw()?;
                 }
                 Err(ProviderError::GrantFailed(s)) => {
@@ -1827,7 +1831,7 @@ impl<P: Provider> Smb2Client<P> {
             return Ok(());
         }
         self.local_wr_room()?;
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         loop {
             match self
                 .c
@@ -1843,7 +1847,7 @@ impl<P: Provider> Smb2Client<P> {
                     self.st.local_wrs += 1;
                     return Ok(());
                 }
-                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                Err(ProviderError::QueueFull) if crate::clock::now() < deadline => {
                     // A dead connection cannot drain the queue; give up.
                     self.step_raw()?;
                 }
