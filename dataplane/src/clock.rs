@@ -69,31 +69,43 @@ const ANCHOR_SAMPLES: u32 = 3;
 /// Nanoseconds one `Instant::now()` costs on this machine, measured once.
 pub fn read_cost_ns() -> u64 {
     static COST: OnceLock<u64> = OnceLock::new();
-    *COST.get_or_init(|| {
-        (0..BATCHES)
-            .map(|_| {
-                let start = Instant::now();
-                let mut last = start;
-                for _ in 0..SAMPLES {
-                    last = std::hint::black_box(Instant::now());
-                }
-                last.duration_since(start).as_nanos() as u64 / u64::from(SAMPLES)
-            })
-            .min()
-            .unwrap_or(0)
+    *COST.get_or_init(|| cost_of(Instant::now))
+}
+
+/// Nanoseconds one [`now`] costs in the mode chosen, measured once: the
+/// cost of a TSC read (and its scaling) in `Tsc` mode.
+pub fn now_cost_ns() -> u64 {
+    static COST: OnceLock<u64> = OnceLock::new();
+    *COST.get_or_init(|| match mode() {
+        Mode::Os => read_cost_ns(),
+        Mode::Tsc => cost_of(now),
     })
 }
 
+/// The cheapest batch's time per read of `read`.
+fn cost_of(read: fn() -> Instant) -> u64 {
+    (0..BATCHES)
+        .map(|_| {
+            let start = read();
+            let mut last = start;
+            for _ in 0..SAMPLES {
+                last = std::hint::black_box(read());
+            }
+            last.duration_since(start).as_nanos() as u64 / u64::from(SAMPLES)
+        })
+        .min()
+        .unwrap_or(0)
+}
+
 /// Idle polls between clock reads for a loop whose base interval (with a
-/// vDSO clock) is `base`: `base` while a read costs at most ~100 ns, else
-/// stretched in proportion to the read's cost (up to 64 times), so the
-/// time spent reading the clock stays about what it is with a vDSO clock.
-/// Timers then lag by up to that many idle polls: microseconds to a
-/// millisecond, against timers of a millisecond and more. The stretch
-/// follows the cost of `clock_gettime` even when [`now`] reads the TSC:
-/// the loops also read it through `Instant::now()` elsewhere (idle naps).
+/// vDSO clock) is `base`: `base` while a read of [`now`] costs at most
+/// ~100 ns, else stretched in proportion to the read's cost (up to 64
+/// times), so the time spent reading the clock stays about what it is
+/// with a vDSO clock. Timers then lag by up to that many idle polls:
+/// microseconds to a millisecond, against timers of a millisecond and
+/// more. Where [`now`] reads the TSC the cost is that of a TSC read.
 pub fn idle_polls_per_read(base: u32) -> u32 {
-    stretch(base, read_cost_ns())
+    stretch(base, now_cost_ns())
 }
 
 fn stretch(base: u32, cost_ns: u64) -> u32 {
@@ -470,15 +482,16 @@ pub fn describe() -> String {
     let g = global();
     match g.rate {
         Some(r) => format!(
-            "clock: TSC at {:.3} GHz, anchored per thread to CLOCK_MONOTONIC every {} ms ({}: a read costs {} ns; {CLOCK_ENV}=os|tsc|auto)",
+            "clock: TSC at {:.3} GHz, anchored per thread to CLOCK_MONOTONIC every {} ms, a read costs {} ns (a clock_gettime {} ns; {}; {CLOCK_ENV}=os|tsc|auto)",
             r.hz() as f64 / 1e9,
             REANCHOR.as_millis(),
-            g.reason,
-            g.cost_ns
+            now_cost_ns(),
+            g.cost_ns,
+            g.reason
         ),
         None => format!(
-            "clock: clock_gettime ({}: a read costs {} ns; {CLOCK_ENV}=os|tsc|auto)",
-            g.reason, g.cost_ns
+            "clock: clock_gettime, a read costs {} ns ({}; {CLOCK_ENV}=os|tsc|auto)",
+            g.cost_ns, g.reason
         ),
     }
 }
@@ -510,6 +523,7 @@ mod tests {
     fn the_measured_cost_is_stable_and_the_interval_never_shrinks() {
         let c = read_cost_ns();
         assert_eq!(read_cost_ns(), c, "measured once");
+        assert_eq!(now_cost_ns(), now_cost_ns(), "measured once");
         assert!(idle_polls_per_read(16) >= 16);
     }
 
