@@ -60,6 +60,8 @@ const CALIBRATION_AGREE_PPM: u128 = 2_000;
 /// `CLOCK_MONOTONIC` is followed).
 const REFINE_AFTER: Duration = Duration::from_secs(1);
 const REFINE_RESTART: Duration = Duration::from_secs(64);
+/// A refined rate differs from the current by at most this (ppm).
+const REFINE_AGREE_PPM: u128 = 10_000;
 /// Fraction bits of the fixed-point nanoseconds per tick.
 const FRAC_BITS: u32 = 32;
 /// Real-clock samples per anchor; the one bracketed most tightly by its
@@ -378,7 +380,11 @@ impl ThreadClock {
             let span_ticks = tsc.wrapping_sub(self.base_tsc);
             if span >= REFINE_AFTER && span_ticks < u64::MAX / 2 {
                 let period = self.rate.duration(self.period);
-                if let Some(r) = Rate::from_span(span, span_ticks) {
+                // A refinement, not a new rate: a TSC that jumped between
+                // the anchors (it may, without a CPU change) is ignored.
+                if let Some(r) = Rate::from_span(span, span_ticks)
+                    .filter(|r| r.agrees(self.rate, REFINE_AGREE_PPM))
+                {
                     self.rate = r;
                     self.period = r.ticks(period);
                 }
@@ -662,21 +668,33 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_refines_a_wrong_rate_from_its_anchors() {
-        // Calibrated at 1 ns per tick; really 2 ns per tick.
+    fn a_thread_refines_a_slightly_wrong_rate_from_its_anchors_but_ignores_a_jump() {
+        // Calibrated at 1 ns per tick; really 1.005 ns per tick.
         let (mut f, rate) = fake(0);
         let mut c = ThreadClock::new(rate, REANCHOR, &mut f);
         let mut real = f.mono;
-        for _ in 0..12 {
+        for _ in 0..24 {
             f.tsc += 50 * MS; // a period, by the calibrated rate
-            real += Duration::from_millis(100);
+            real += Duration::from_micros(50_250);
             f.mono = real;
             assert_eq!(c.now(&mut f), real);
         }
         let (_, worst) = tsc_stats();
-        assert!(worst >= 50 * MS, "the 50 ms error was recorded: {worst}");
+        assert!(worst >= 250_000, "the 250 us error was recorded: {worst}");
         f.tsc += MS;
-        assert_eq!(c.now(&mut f), real + Duration::from_millis(2));
+        let t = c.now(&mut f);
+        let want = real + Duration::from_nanos(1_005_000);
+        assert!(
+            t.max(want) - t.min(want) <= Duration::from_nanos(2),
+            "refined"
+        );
+        // The TSC jumps 10 s ahead while 50 ms pass: anchored, rate kept.
+        let mult = c.rate.mult;
+        f.tsc += 10_000 * MS;
+        real += Duration::from_millis(50);
+        f.mono = real;
+        assert_eq!(c.now(&mut f), real);
+        assert_eq!(c.rate.mult, mult, "a jump is not a rate");
     }
 
     fn hw_tsc() -> bool {
