@@ -557,6 +557,8 @@ fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, setup: UpperSetu
         .iter()
         .map(|c| c.map_or("-".to_string(), |c| c.to_string()))
         .collect();
+    // Chosen (and the TSC calibrated) before the workers read it.
+    let clock = smbdirect_dataplane::clock::describe();
     let server = match upper {
         UpperKind::Echo => start(provider, cfg, || Echo),
         UpperKind::Smb2 => {
@@ -586,6 +588,7 @@ fn run_server<P: Provider>(provider: Arc<P>, cfg: ServerConfig, setup: UpperSetu
         cores_desc.join(","),
         server.admin_path().map_or("none".into(), |p| p.display().to_string())
     );
+    println!("smbdirectd: {clock}");
     if let Some(store) = &setup.store {
         println!(
             "smbdirectd: share '{}' on store {}",

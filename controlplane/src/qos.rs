@@ -10,6 +10,7 @@
 
 use crate::qos_admin::{status_name, FlowRow};
 use crate::qos_policy::PolicyStore;
+use smbdirect_dataplane::clock;
 use smbdirect_dataplane::planes::{ConnId, QosFlowAssign, UpperControl};
 use smbdirect_protocol::sqos::enforcement::{
     allocate, FlowDemand, FlowRates, WindowReport, WorkerDemand,
@@ -82,8 +83,8 @@ impl QosEngine {
             by_index: Vec::new(),
             free: Vec::new(),
             nworkers: nworkers.max(1),
-            origin: Instant::now(),
-            last_tick: Instant::now(),
+            origin: clock::now(),
+            last_tick: clock::now(),
             dirty: false,
             last_alloc: Vec::new(),
             flow_seq: 0,
@@ -104,7 +105,11 @@ impl QosEngine {
     }
 
     fn now(&self) -> PInstant {
-        PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+        PInstant::from_nanos(
+            clock::now()
+                .saturating_duration_since(self.origin)
+                .as_nanos() as u64,
+        )
     }
 
     /// Logical flows in the table.
@@ -303,23 +308,24 @@ impl QosEngine {
         }
     }
 
-    /// How long until [`tick`](Self::tick) has periodic work (zero: now).
-    pub fn next_tick_in(&self) -> std::time::Duration {
+    /// How long after `now` [`tick`](Self::tick) has periodic work (zero:
+    /// at once).
+    pub fn next_tick_in(&self, now: Instant) -> std::time::Duration {
         if self.dirty {
             return std::time::Duration::ZERO;
         }
-        ALLOCATION_PERIOD.saturating_sub(self.last_tick.elapsed())
+        ALLOCATION_PERIOD.saturating_sub(now.saturating_duration_since(self.last_tick))
     }
 
     /// Periodic work: expire flows, recompute and push rates. Returns the
     /// messages for the workers (worker index, message).
     pub fn tick(&mut self, force: bool) -> Vec<(usize, UpperControl)> {
-        let due = self.last_tick.elapsed() >= ALLOCATION_PERIOD;
+        let due = clock::now().saturating_duration_since(self.last_tick) >= ALLOCATION_PERIOD;
         let changed = self.dirty || self.policies.generation() != self.policy_generation;
         if !(due || changed || force) {
             return Vec::new();
         }
-        self.last_tick = Instant::now();
+        self.last_tick = clock::now();
         self.policy_generation = self.policies.generation();
         self.dirty = false;
         let now = self.now();

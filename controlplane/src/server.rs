@@ -7,6 +7,7 @@ use crate::qos::QosEngine;
 use crate::qos_policy::PolicyStore;
 use crate::stats::ServerStats;
 use smbdirect_dataplane::capture::{CaptureConfig, CaptureHandle};
+use smbdirect_dataplane::clock;
 use smbdirect_dataplane::endpoint::recv_wr_id;
 use smbdirect_dataplane::planes::{
     ring, wait_readable, CloseReason, Doorbell, FromWorker, Ring, ToWorker, UpperEvent,
@@ -483,9 +484,9 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     let mut conns: HashMap<u64, ConnInfo> = HashMap::new();
     let mut attaching = vec![0usize; sides.len()];
     let mut next_id = 1u64;
-    let mut last_line = Instant::now();
+    let mut last_line = clock::now();
     let mut prev = stats.totals();
-    let mut last_counters = Instant::now();
+    let mut last_counters = clock::now();
     let mut pressure = PressureLog::new();
     // Counters are readable from the first stats request on.
     if let Ok(mut pc) = stats.provider_counters.lock() {
@@ -508,11 +509,12 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                 } else if sides.iter().any(|s| !s.backlog.is_empty()) {
                     CP_BACKLOG_RETRY
                 } else {
+                    let now = clock::now();
                     let mut t = CP_IDLE_MAX
-                        .saturating_sub(last_counters.elapsed())
-                        .min(qos.next_tick_in());
+                        .saturating_sub(now.saturating_duration_since(last_counters))
+                        .min(qos.next_tick_in(now));
                     if let Some(iv) = cfg.stats_interval {
-                        t = t.min(iv.saturating_sub(last_line.elapsed()));
+                        t = t.min(iv.saturating_sub(now.saturating_duration_since(last_line)));
                     }
                     t
                 };
@@ -623,8 +625,8 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
         stats
             .qos_opens
             .store(qos.open_count() as u64, Ordering::Relaxed);
-        if last_counters.elapsed() >= Duration::from_millis(100) {
-            last_counters = Instant::now();
+        if clock::now().saturating_duration_since(last_counters) >= Duration::from_millis(100) {
+            last_counters = clock::now();
             if let Ok(mut pc) = stats.provider_counters.lock() {
                 *pc = provider.counters();
             }
@@ -634,11 +636,11 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
             a.serve_pending(&mut |req| answer(req, stats, &mut qos));
         }
         if let Some(iv) = cfg.stats_interval {
-            let el = last_line.elapsed();
+            let el = clock::now().saturating_duration_since(last_line);
             if el >= iv {
                 println!("smbdirectd: {}", stats.line(&prev, el.as_secs_f64()));
                 prev = stats.totals();
-                last_line = Instant::now();
+                last_line = clock::now();
             }
         }
     }

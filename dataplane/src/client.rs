@@ -123,7 +123,7 @@ struct PollClock {
 impl PollClock {
     fn new() -> Self {
         PollClock {
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             now: PInstant::ZERO,
             idle: 0,
             busy: true,
@@ -133,7 +133,11 @@ impl PollClock {
 
     /// Reads the clock now.
     fn read(&mut self) -> PInstant {
-        self.now = PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64);
+        self.now = PInstant::from_nanos(
+            crate::clock::now()
+                .saturating_duration_since(self.origin)
+                .as_nanos() as u64,
+        );
         self.idle = 0;
         self.busy = false;
         self.now
@@ -220,9 +224,9 @@ impl<P: Provider> Client<P> {
         }
         let now = c.clock.read();
         c.ep.flush(now, &mut c.alloc)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::clock::now() + timeout;
         while !c.ep.connection().is_established() {
-            if Instant::now() > deadline {
+            if crate::clock::now() > deadline {
                 return Err(ClientError::Timeout("the negotiate response"));
             }
             c.step(&mut |_, _| {})?;
@@ -372,7 +376,7 @@ impl<P: Provider> Client<P> {
         if let Some((m, token)) = self.pending.pop_front() {
             return Ok(f(&m, token));
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::clock::now() + timeout;
         let mut f = Some(f);
         let mut out = None;
         let pending = &mut self.pending;
@@ -390,7 +394,7 @@ impl<P: Provider> Client<P> {
                 &mut self.retry_flush,
                 &mut on_msg,
             )?;
-            if out.is_none() && Instant::now() > deadline {
+            if out.is_none() && crate::clock::now() > deadline {
                 return Err(ClientError::Timeout("a message"));
             }
         }
@@ -482,11 +486,11 @@ impl<P: Provider> Client<P> {
                 "{len} bytes at {offset} are outside buffer {id:?}"
             )))
         })?;
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::clock::now() + Duration::from_secs(5);
         loop {
             match self.ep.qp_mut().grant(LOCAL_WR_ID, sge, access, true) {
                 // A full send queue drains as completions are polled.
-                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                Err(ProviderError::QueueFull) if crate::clock::now() < deadline => {
                     self.step(&mut |_, _| {})?;
                 }
                 r => return r.map_err(ClientError::Provider),
@@ -497,10 +501,10 @@ impl<P: Provider> Client<P> {
     /// Revokes a grant ([MS-SMBD] 3.1.4.4 Deregister Buffer); revoking one
     /// the server already invalidated is not an error.
     pub fn revoke(&mut self, rkey: u32) -> Result<(), ClientError> {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::clock::now() + Duration::from_secs(5);
         loop {
             match self.ep.qp_mut().revoke(LOCAL_WR_ID, rkey, true) {
-                Err(ProviderError::QueueFull) if Instant::now() < deadline => {
+                Err(ProviderError::QueueFull) if crate::clock::now() < deadline => {
                     self.step(&mut |_, _| {})?;
                 }
                 r => return r.map_err(ClientError::Provider),
@@ -512,8 +516,8 @@ impl<P: Provider> Client<P> {
     /// buffer to come back.
     pub fn close(mut self, timeout: Duration) -> SliceAllocator {
         self.ep.close(&mut self.alloc);
-        let deadline = Instant::now() + timeout;
-        while self.ep.outstanding() > 0 && Instant::now() < deadline {
+        let deadline = crate::clock::now() + timeout;
+        while self.ep.outstanding() > 0 && crate::clock::now() < deadline {
             let _ = self.step(&mut |_, _| {});
         }
         self.alloc

@@ -247,7 +247,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             loans,
             stats,
             slots,
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             loop_now: PInstant::ZERO,
             shutdown_at: None,
             bell: None,
@@ -351,10 +351,15 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         ready();
         let mut wcs = [Completion::EMPTY; POLL_BATCH];
         // The timer scan and idle checks compare nanoseconds since `origin`
-        // (no further Duration arithmetic on the hot loop); the clock is
-        // read only as CLOCK_IDLE_ITERATIONS says.
+        // (no further Duration arithmetic on the hot loop); the clock
+        // (crate::clock::now: the TSC where clock_gettime is a system call)
+        // is read only as CLOCK_IDLE_ITERATIONS says.
         let origin = self.origin;
-        let nanos = move || Instant::now().duration_since(origin).as_nanos() as u64;
+        let nanos = move || {
+            crate::clock::now()
+                .saturating_duration_since(origin)
+                .as_nanos() as u64
+        };
         let timer_scan = Duration::from_millis(1).as_nanos() as u64;
         let idle_park = self.cfg.idle_park.as_nanos() as u64;
         let mut last_work = nanos();

@@ -126,6 +126,23 @@ fn progress(opts: &BenchOptions) -> Progress {
 
 /// Runs the benchmark `opts` describes.
 pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
+    // Chosen (and the TSC calibrated) before any thread times anything.
+    let clock = smbdirect_dataplane::clock::describe();
+    if !opts.quiet {
+        eprintln!("bench: {clock}");
+    }
+    let r = run_chosen(opts);
+    if !opts.quiet && smbdirect_dataplane::clock::mode() == smbdirect_dataplane::clock::Mode::Tsc {
+        let (anchors, worst) = smbdirect_dataplane::clock::tsc_stats();
+        eprintln!(
+            "bench: clock: {anchors} periodic or migration anchors, largest correction at an anchor {:.1} us",
+            worst as f64 / 1e3
+        );
+    }
+    r
+}
+
+fn run_chosen(opts: &BenchOptions) -> Result<Report, BenchError> {
     if opts.workload == WorkloadKind::Memcpy {
         let w = memcpy::MemcpyWorkload::new(
             opts.size,

@@ -34,6 +34,7 @@ use super::progress::Progress;
 use super::workload::{Outcome, Session, Workload};
 use crate::baseline;
 use hdrhistogram::Histogram;
+use smbdirect_dataplane::clock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -189,7 +190,7 @@ pub fn run<W: Workload>(
             std::thread::sleep(Duration::from_millis(1));
         }
         if !gate.abort.load(Ordering::Acquire) {
-            let t0 = Instant::now();
+            let t0 = clock::now();
             let _ = gate.t0.set(t0);
             gate.go.store(true, Ordering::Release);
             while !handles.iter().all(|h| h.is_finished()) {
@@ -207,7 +208,7 @@ pub fn run<W: Workload>(
                     .iter()
                     .map(|c| c.errors.load(Ordering::Relaxed))
                     .sum();
-                progress.update(Instant::now(), t0, plan.warmup, completed, errors);
+                progress.update(clock::now(), t0, plan.warmup, completed, errors);
             }
             progress.finish();
         }
@@ -278,7 +279,7 @@ fn client_thread<W: Workload>(
     let pinned = plan.client_cores[thread].is_some_and(baseline::pin);
     let qd = plan.queue_depth as usize;
     let mut conns = Vec::with_capacity(plan.connections.div_ceil(threads));
-    let now = Instant::now();
+    let now = clock::now();
     for index in (thread..plan.connections).step_by(threads) {
         let session = workload.open(index)?;
         conns.push(Conn {
@@ -388,7 +389,7 @@ fn drive<S: Session>(
                     ..
                 } = c;
                 session.poll(&mut |o: Outcome| {
-                    let now = Instant::now();
+                    let now = clock::now();
                     match slots.get_mut(o.slot as usize) {
                         Some(s) if s.busy => {
                             s.busy = false;
@@ -424,7 +425,7 @@ fn drive<S: Session>(
             // Starts.
             while !c.finished {
                 let Some(&slot) = c.free.last() else { break };
-                let now = Instant::now();
+                let now = clock::now();
                 let at = if interval.is_some() { c.next_due } else { now };
                 if end.is_some_and(|e| at >= e) {
                     c.finished = true;
@@ -458,7 +459,7 @@ fn drive<S: Session>(
                 }
             }
             if !progressed && c.outstanding > 0 && turn % 4096 == 0 {
-                let quiet = c.last_progress.elapsed();
+                let quiet = clock::now().saturating_duration_since(c.last_progress);
                 if quiet > plan.stall_limit {
                     return Err(BenchError::failed(
                         format!("connection {}", c.index),

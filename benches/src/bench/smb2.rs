@@ -46,6 +46,7 @@ use super::send::{client_pool, client_smbd, loopback_server_config, server_pool_
 use super::workload::{Outcome, Session, Workload};
 use super::Retained;
 use smbdirect_controlplane::{start, RunningServer};
+use smbdirect_dataplane::clock;
 use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::smb2::client::{
     Completion, IoBuf, MessageId, Smb2Client, Smb2ClientOptions, Smb2Error, Transfer,
@@ -623,8 +624,8 @@ impl<P: Provider> Smb2Session<P> {
                     return Ok(());
                 }
                 Err(Smb2Error::NoCredits { .. })
-                    if Instant::now()
-                        < *deadline.get_or_insert_with(|| Instant::now() + CREDIT_WAIT) =>
+                    if clock::now()
+                        < *deadline.get_or_insert_with(|| clock::now() + CREDIT_WAIT) =>
                 {
                     match self.c.poll(Duration::ZERO) {
                         Ok(Some(done)) => self.stash.push_back(done),
@@ -718,7 +719,7 @@ impl<P: Provider> Smb2Session<P> {
             ));
         };
         let sl = self.slots[s];
-        let now = Instant::now();
+        let now = clock::now();
         let mut ok = match c.result {
             Ok(n) => n as usize == self.size,
             Err(Smb2Error::Transport(e)) => return Err(self.err("the connection failed", e)),
@@ -776,7 +777,7 @@ impl<P: Provider> Session for Smb2Session<P> {
         };
         let j = sl.count % self.per_region;
         let region = (self.index * self.slots.len() + s) as u64;
-        let now = Instant::now();
+        let now = clock::now();
         let flow = if self.flows.is_empty() {
             0
         } else {

@@ -1257,7 +1257,7 @@ impl<P: Provider> Smb2Client<P> {
                 local_wrs: 0,
             },
             server,
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             client_guid,
             sync_buf: None,
             opts: options,
@@ -1312,7 +1312,11 @@ impl<P: Provider> Smb2Client<P> {
     /// This client's clock (since it was created), for the Storage QoS
     /// flows' timers.
     pub fn now(&self) -> PInstant {
-        PInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+        PInstant::from_nanos(
+            crate::clock::now()
+                .saturating_duration_since(self.origin)
+                .as_nanos() as u64,
+        )
     }
 
     /// Why the connection is dead, if it is.
@@ -1506,7 +1510,7 @@ impl<P: Provider> Smb2Client<P> {
                 command: p.command,
                 result,
                 buf: p.op.buf(),
-                latency: p.submitted.elapsed(),
+                latency: crate::clock::now().saturating_duration_since(p.submitted),
             },
             reply,
         });
@@ -1537,7 +1541,7 @@ impl<P: Provider> Smb2Client<P> {
         // A zero timeout polls once and never reads the clock (a
         // busy-polling caller makes this call once per completion and per
         // empty poll).
-        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        let deadline = (!timeout.is_zero()).then(|| crate::clock::now() + timeout);
         let mut spins = 0;
         loop {
             self.finish();
@@ -1552,7 +1556,7 @@ impl<P: Provider> Smb2Client<P> {
             }
             // At least one step, so a zero timeout polls once.
             let progress = self.step_raw().unwrap_or(true);
-            if deadline.map_or(true, |d| Instant::now() >= d) {
+            if deadline.map_or(true, |d| crate::clock::now() >= d) {
                 self.finish();
                 return Ok(self.st.ready.pop_front().map(|d| d.completion));
             }
@@ -1567,7 +1571,7 @@ impl<P: Provider> Smb2Client<P> {
     }
 
     fn wait_done(&mut self, id: MessageId, abandon: bool) -> Result<Done, Smb2Error> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         let mut spins = 0;
         loop {
             self.finish();
@@ -1582,7 +1586,7 @@ impl<P: Provider> Smb2Client<P> {
                     None => Smb2Error::Invalid(format!("no outstanding request {}", id.0)),
                 });
             }
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 if abandon {
                     if let Some(p) = self.st.pending.get_mut(&id.0) {
                         p.abandoned = true;
@@ -1606,7 +1610,7 @@ impl<P: Provider> Smb2Client<P> {
 
     /// For a synchronous call: waits until `need` credits are held.
     fn ensure_credits(&mut self, need: u16) -> Result<(), Smb2Error> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = crate::clock::now() + self.opts.timeout;
         let mut spins = 0;
         loop {
             let have = self.st.credits.available();
@@ -1616,7 +1620,7 @@ impl<P: Provider> Smb2Client<P> {
             if let Some(e) = &self.st.dead {
                 return Err(Smb2Error::Transport(e.clone()));
             }
-            if !self.st.pending.is_empty() && Instant::now() < deadline {
+            if !self.st.pending.is_empty() && crate::clock::now() < deadline {
                 let progress = self.step_raw().unwrap_or(true);
                 self.finish();
                 self.idle(&mut spins, progress);
@@ -1624,7 +1628,7 @@ impl<P: Provider> Smb2Client<P> {
             }
             // Nothing outstanding brings credits back: an ECHO asks for
             // them ([MS-SMB2] 3.2.4.1.5 "wait until available").
-            if self.st.pending.is_empty() && have >= 1 && Instant::now() < deadline {
+            if self.st.pending.is_empty() && have >= 1 && crate::clock::now() < deadline {
                 let id = self.send_simple(Command::Echo, &EchoRequestRepr, Op::Control)?;
                 self.call(id)?;
                 if self.st.credits.available() > have {
@@ -1722,7 +1726,7 @@ impl<P: Provider> Smb2Client<P> {
             Pending {
                 command,
                 expect: r.credit_request,
-                submitted: Instant::now(),
+                submitted: crate::clock::now(),
                 op,
                 async_id: None,
                 abandoned: false,
@@ -2612,7 +2616,7 @@ fn write_request<'a>(
 /// which sets it) has not passed. Callers read the clock only once an
 /// attempt has failed, not on every request.
 fn before(deadline: &mut Option<Instant>, timeout: Duration) -> bool {
-    let now = Instant::now();
+    let now = crate::clock::now();
     now < *deadline.get_or_insert(now + timeout)
 }
 

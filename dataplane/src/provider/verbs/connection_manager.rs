@@ -193,7 +193,9 @@ impl EventChannel {
             if let Some(ev) = self.try_get()? {
                 return Ok(Some(ev));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            // The control plane waits here every 2 ms: crate::clock, not a
+            // clock_gettime system call per wake where that is costly.
+            let left = deadline.saturating_duration_since(crate::clock::now());
             if left.is_zero() {
                 return Ok(None);
             }
@@ -673,7 +675,7 @@ impl VerbsListener {
 
 impl Listener<VerbsProvider> for VerbsListener {
     fn accept_request(&mut self, timeout: Duration) -> Result<Option<VerbsRequest>, ProviderError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::clock::now() + timeout;
         loop {
             let Some(ev) = self.channel.wait(deadline)? else {
                 return Ok(None);
