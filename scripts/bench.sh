@@ -265,12 +265,18 @@ if [ "$in_guest" = 1 ]; then
 				pb=$(perftest_of "$tool" "$size")
 				as+=("$pa")
 				bs+=("$pb")
-				ratios+=("$(awk -v x="$pa" -v y="$pb" 'BEGIN { printf "%.3f", (y > 0 ? x / y : 0) }')")
+				# a pair counts only when both halves measured a finite time
+				# (perftest has printed "inf"): else it is left out, said so
+				if awk -v x="$pa" -v y="$pb" 'BEGIN { exit !(x + 0 > 0 && y + 0 > 0 && x + 0 < 1e300 && y + 0 < 1e300) }'; then
+					ratios+=("$(awk -v x="$pa" -v y="$pb" 'BEGIN { printf "%.3f", x / y }')")
+				else
+					echo "bench.sh: rxe $w vs $tool $size B pair $((i + 1)): no finite figure on one side ($pa / $pb): left out of the median" >&2
+				fi
 				echo "bench.sh: rxe $w vs $tool $size B pair $((i + 1))/$pairs: $pa / $pb us" >&2
 			done
 			ma=$(printf '%s\n' "${as[@]}" | median)
 			mb=$(printf '%s\n' "${bs[@]}" | median)
-			mr=$(printf '%s\n' "${ratios[@]}" | median)
+			mr=$(printf '%s\n' "${ratios[@]}" | { grep . || true; } | median)
 			rows+=("| rxe: $w $size B${extra[*]:+ (${extra[*]})} one-way (p50 round trip / 2) vs $tool t_typical | \`bench --workload $w --size $size --provider verbs${extra[*]:+ ${extra[*]}}\` | $ma | \`$tool -s $size -n $iterations\` | $mb | $(printf '%.3f' "$mr") | <= $target | $(verdict "$mr" "<=" "$target") | ${ratios[*]} |")
 		done
 	done
