@@ -2241,21 +2241,15 @@ mod tests {
         f: impl FnOnce(&mut Replies<'_>) -> Result<R, RdmaError>,
     ) -> Result<R, RdmaError> {
         let mut queued = [QueuedReply::EMPTY; 2];
-        let mut out = Replies {
-            alloc: &mut r.alloc,
-            pool: &r.pool,
-            queued: &mut queued,
-            count: 0,
-            rdma: r.ep.rdma.as_mut(),
-            max_read_write: 1 << 20,
+        let mut out = Replies::new(
+            &mut r.alloc,
+            &r.pool,
+            &mut queued,
+            r.ep.rdma.as_mut(),
+            1 << 20,
             completing,
-            disconnect: false,
-            hold: None,
-            message: None,
-            message_taken: false,
-            attached: 0,
-            attached_bytes: 0,
-        };
+            None,
+        );
         let res = f(&mut out);
         let rdma = r.ep.rdma.as_mut().unwrap();
         match res {

@@ -255,6 +255,37 @@ pub struct Replies<'a> {
     pub(crate) attached_bytes: u64,
 }
 
+impl<'a> Replies<'a> {
+    /// Replies of one upper-layer call: into `queued`, with the
+    /// connection's RDMA state if it has one, inside `on_rdma_complete` of
+    /// op `completing`, answering `message` in place if the call may.
+    pub(crate) fn new(
+        alloc: &'a mut SliceAllocator,
+        pool: &'a BufferPool,
+        queued: &'a mut [QueuedReply],
+        rdma: Option<&'a mut RdmaOps>,
+        max_read_write: u32,
+        completing: Option<usize>,
+        message: Option<InPlace>,
+    ) -> Self {
+        Replies {
+            alloc,
+            pool,
+            queued,
+            count: 0,
+            rdma,
+            max_read_write,
+            completing,
+            disconnect: false,
+            hold: None,
+            message,
+            message_taken: false,
+            attached: 0,
+            attached_bytes: 0,
+        }
+    }
+}
+
 impl Replies<'_> {
     /// Asks the worker to terminate this connection once the replies queued
     /// so far are handed to the transport (e.g. [MS-SMB2] 3.3.5.2: a request
@@ -890,21 +921,7 @@ mod tests {
         queued: &'a mut [QueuedReply],
         message: Option<InPlace>,
     ) -> Replies<'a> {
-        Replies {
-            alloc,
-            pool,
-            queued,
-            count: 0,
-            rdma: None,
-            max_read_write: 1 << 20,
-            completing: None,
-            disconnect: false,
-            hold: None,
-            message,
-            message_taken: false,
-            attached: 0,
-            attached_bytes: 0,
-        }
+        Replies::new(alloc, pool, queued, None, 1 << 20, None, message)
     }
 
     #[test]

@@ -733,21 +733,15 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         zero_copy: op.data.is_none(),
                         context,
                     };
-                    let mut out = Replies {
-                        alloc: &mut self.alloc,
-                        pool: &self.pool,
-                        queued: &mut queued[..space],
-                        count: 0,
-                        rdma: slot.ep.rdma_mut(),
+                    let mut out = Replies::new(
+                        &mut self.alloc,
+                        &self.pool,
+                        &mut queued[..space],
+                        slot.ep.rdma_mut(),
                         max_read_write,
-                        completing: Some(op.slot),
-                        disconnect: false,
-                        hold: None,
-                        message: None,
-                        message_taken: false,
-                        attached: 0,
-                        attached_bytes: 0,
-                    };
+                        Some(op.slot),
+                        None,
+                    );
                     let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
                     let count = out.count;
                     let attached = (out.attached, out.attached_bytes);
@@ -787,21 +781,15 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         }
                         None => (None, ep.rdma_mut()),
                     };
-                    let mut out = Replies {
-                        alloc: &mut self.alloc,
-                        pool: &self.pool,
-                        queued: &mut queued[..space],
-                        count: 0,
+                    let mut out = Replies::new(
+                        &mut self.alloc,
+                        &self.pool,
+                        &mut queued[..space],
                         rdma,
                         max_read_write,
-                        completing: None,
-                        disconnect: false,
-                        hold: None,
-                        message: None,
-                        message_taken: false,
-                        attached: 0,
-                        attached_bytes: 0,
-                    };
+                        None,
+                        None,
+                    );
                     let r = self.upper.on_wake(slot.conn, token, msg, &mut out);
                     let count = out.count;
                     let attached = (out.attached, out.attached_bytes);
@@ -844,21 +832,15 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     let max_read_write = slot.ep.connection().params().max_read_write_size;
                     let message = slot.ep.in_place(d);
                     let (msg, rdma) = slot.ep.message_and_rdma(d);
-                    let mut out = Replies {
-                        alloc: &mut self.alloc,
-                        pool: &self.pool,
-                        queued: &mut queued[..space],
-                        count: 0,
+                    let mut out = Replies::new(
+                        &mut self.alloc,
+                        &self.pool,
+                        &mut queued[..space],
                         rdma,
                         max_read_write,
-                        completing: None,
-                        disconnect: false,
-                        hold: None,
+                        None,
                         message,
-                        message_taken: false,
-                        attached: 0,
-                        attached_bytes: 0,
-                    };
+                    );
                     let r = self.upper.on_message(slot.conn, msg, &mut out);
                     let count = out.count;
                     let attached = (out.attached, out.attached_bytes);
