@@ -1036,15 +1036,43 @@ impl DirStore {
         }
     }
 
-    /// [`alloc_slot`](Self::alloc_slot) for a READ or WRITE holding the
-    /// staging run `stage`: the run is given back when no slot is free.
+    /// A slot for a READ (`data` None) or WRITE of `len` bytes at `offset`
+    /// of `h`, holding a staging run of `len` bytes (`data` copied into it):
+    /// the slot and its run, or the run given back when no slot is free.
     fn alloc_staged_slot(
         &mut self,
         tag: Tag,
-        kind: Kind,
-        stage: Stage,
-    ) -> Result<usize, StoreError> {
+        h: Handle,
+        offset: u64,
+        len: u32,
+        data: Option<&[u8]>,
+    ) -> Result<(usize, Stage), StoreError> {
+        let stage = self.staging.alloc(len as usize).ok_or(StoreError::Busy)?;
+        let kind = match data {
+            Some(d) => {
+                // SAFETY: the run was just allocated, holds at least `len`
+                // bytes and no I/O uses it yet; `d` is caller memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(d.as_ptr(), self.staging.ptr(stage), d.len())
+                };
+                Kind::Write {
+                    h,
+                    stage,
+                    offset,
+                    len,
+                    put: 0,
+                }
+            }
+            None => Kind::Read {
+                h,
+                stage,
+                offset,
+                len,
+                got: 0,
+            },
+        };
         self.alloc_slot(tag, kind)
+            .map(|slot| (slot, stage))
             .inspect_err(|_| self.staging.free(stage))
     }
 
@@ -2080,34 +2108,8 @@ impl DirStore {
                 None => self.read_now(tag, h, offset, len),
             };
         }
-        let Some(stage) = self.staging.alloc(len as usize) else {
-            return Poll::Ready(Err(StoreError::Busy));
-        };
-        let kind = match data {
-            Some(d) => {
-                // SAFETY: the run was just allocated, holds at least `len`
-                // bytes and no I/O uses it yet; `d` is caller memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(d.as_ptr(), self.staging.ptr(stage), d.len())
-                };
-                Kind::Write {
-                    h,
-                    stage,
-                    offset,
-                    len,
-                    put: 0,
-                }
-            }
-            None => Kind::Read {
-                h,
-                stage,
-                offset,
-                len,
-                got: 0,
-            },
-        };
-        let slot = match self.alloc_staged_slot(tag, kind, stage) {
-            Ok(s) => s,
+        let slot = match self.alloc_staged_slot(tag, h, offset, len, data) {
+            Ok((s, _)) => s,
             Err(e) => return Poll::Ready(Err(e)),
         };
         match self.submit_rw(slot) {
@@ -2151,17 +2153,7 @@ impl DirStore {
     /// short read is continued until the end of the file, and an error
     /// after some bytes ends the read with them (as on the ring).
     fn read_now(&mut self, tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<Out> {
-        let Some(stage) = self.staging.alloc(len as usize) else {
-            return Poll::Ready(Err(StoreError::Busy));
-        };
-        let kind = Kind::Read {
-            h,
-            stage,
-            offset,
-            len,
-            got: 0,
-        };
-        let slot = match self.alloc_staged_slot(tag, kind, stage) {
+        let (slot, stage) = match self.alloc_staged_slot(tag, h, offset, len, None) {
             Ok(s) => s,
             Err(e) => return Poll::Ready(Err(e)),
         };
