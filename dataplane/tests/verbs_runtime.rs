@@ -312,6 +312,68 @@ fn verbs_sends_arrive_in_order_and_unsignaled_sends_are_retired() {
 }
 
 #[test]
+fn verbs_inline_and_fetched_sends_deliver_their_bytes() {
+    let Some(ip) = test_ip("verbs_inline_and_fetched_sends_deliver_their_bytes") else {
+        return;
+    };
+    let p = open(GrantMode::Auto);
+    let mut pr = pair(&p, ip, 6);
+    let inline = pr.client.qp.max_inline();
+    say(&format!(
+        "client queue pair takes sends of up to {inline} bytes inline"
+    ));
+    // The SMB2 response to a READ or WRITE through RDMA (24 + 64 + 16
+    // bytes) must go inline wherever the device grants what we ask.
+    assert!(inline >= 104, "max_inline {inline}");
+    // Around the boundary, one gathered from two SGEs, and a large one.
+    let sizes = [1, inline - 1, inline, inline + 1, 4096];
+    let c = &mut pr.client;
+    for (i, &n) in sizes.iter().enumerate() {
+        let at = i * 4096;
+        for (k, b) in c.buf()[at..at + n as usize].iter_mut().enumerate() {
+            *b = (k as u8).wrapping_mul(31).wrapping_add(i as u8 + 1);
+        }
+        c.send(10 + i as u64, at as u64, n, None);
+    }
+    let at = sizes.len() * 4096;
+    c.buf()[at..at + 40].fill(0xa1);
+    c.buf()[at + 100..at + 140].fill(0xb2);
+    let two = [c.mr.sge(at as u64, 40), c.mr.sge(at as u64 + 100, 40)];
+    c.qp.post_send(&[SendWr {
+        wr_id: 20,
+        op: SendOp::Send {
+            sges: &two,
+            invalidate: None,
+        },
+        signaled: true,
+    }])
+    .expect("post_send of two SGEs");
+    let sent = c.poll(sizes.len() + 1, "client sends");
+    assert!(
+        sent.iter().all(|wc| wc.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    let got = pr.server.poll(sizes.len() + 1, "server receives");
+    for (i, wc) in got.iter().enumerate() {
+        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success));
+        let b = &pr.server.buf()[i * 4096..];
+        if i < sizes.len() {
+            assert_eq!(wc.byte_len, sizes[i], "message {i}");
+            for (k, &x) in b[..sizes[i] as usize].iter().enumerate() {
+                assert_eq!(
+                    x,
+                    (k as u8).wrapping_mul(31).wrapping_add(i as u8 + 1),
+                    "message {i} byte {k}"
+                );
+            }
+        } else {
+            assert_eq!(wc.byte_len, 80);
+            assert!(b[..40].iter().all(|&x| x == 0xa1) && b[40..80].iter().all(|&x| x == 0xb2));
+        }
+    }
+}
+
+#[test]
 fn verbs_send_without_posted_receive_fails_with_rnr() {
     let Some(ip) = test_ip("verbs_send_without_posted_receive_fails_with_rnr") else {
         return;

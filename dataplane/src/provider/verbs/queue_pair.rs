@@ -21,6 +21,15 @@ use crate::provider::{
 /// posted as several chains.
 const POST_BATCH: usize = 32;
 
+/// Bytes of a Send the device is asked to take inline (`IBV_SEND_INLINE`:
+/// copied out of the work request at post time, so the device never reads
+/// them through their registration): SMB Direct's small messages fit
+/// (credit grants and keepalives, 20 bytes; the 104-byte SMB2 response to
+/// a READ or WRITE that moved its data by RDMA; short echoes). A device
+/// that refuses this much gets a second try asking for none; either way
+/// the queue pair uses what the device reports back.
+const INLINE_WANT: u32 = 256;
+
 /// A reliable-connected queue pair on a verbs device.
 pub struct VerbsQp {
     qp: *mut ibv_qp,
@@ -32,6 +41,9 @@ pub struct VerbsQp {
     sq_head: u32,
     rq_head: u32,
     max_sge: usize,
+    /// Sends of at most this many bytes go inline (what the device
+    /// granted for [`INLINE_WANT`]; 0: none).
+    max_inline: u32,
     send_wrs: Box<[ibv_send_wr]>,
     send_sges: Box<[ibv_sge]>,
     recv_wrs: Box<[ibv_recv_wr]>,
@@ -58,6 +70,7 @@ impl std::fmt::Debug for VerbsQp {
             .field("qp_num", &self.qp_num)
             .field("state", &self.state())
             .field("ird_ord", &self.ird_ord)
+            .field("max_inline", &self.max_inline)
             .finish_non_exhaustive()
     }
 }
@@ -154,12 +167,21 @@ impl VerbsQp {
         attr.cap.max_recv_wr = caps.max_recv_wr;
         attr.cap.max_send_sge = caps.max_sge;
         attr.cap.max_recv_sge = 1;
+        attr.cap.max_inline_data = INLINE_WANT;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 0;
         let id = cm_id.raw();
+        let asked = attr;
         // SAFETY: `id` is a live cm id on this device (checked by the
         // callers), the PD and CQ are live; the QP is destroyed in Drop.
-        let rc = unsafe { rdma_create_qp(id, device.pd(), &mut attr) };
+        let mut rc = unsafe { rdma_create_qp(id, device.pd(), &mut attr) };
+        if rc != 0 {
+            // A device with less inline room than INLINE_WANT: without.
+            attr = asked;
+            attr.cap.max_inline_data = 0;
+            // SAFETY: as above (the first call created nothing).
+            rc = unsafe { rdma_create_qp(id, device.pd(), &mut attr) };
+        }
         if rc != 0 {
             let e = io::Error::last_os_error();
             cq.unregister(slot, wqes);
@@ -177,6 +199,8 @@ impl VerbsQp {
         let qp_num = unsafe { (*qp).qp_num };
         cm_id.state().set_qp(qp);
         let max_sge = caps.max_sge as usize;
+        // What the device granted (rdma_create_qp writes the caps back).
+        let max_inline = attr.cap.max_inline_data;
         let mut mrs = Vec::with_capacity(16);
         let mut mrs_seen = u64::MAX;
         device.sync_mrs(&mut mrs, &mut mrs_seen);
@@ -190,6 +214,7 @@ impl VerbsQp {
             sq_head: 0,
             rq_head: 0,
             max_sge,
+            max_inline,
             send_wrs: (0..POST_BATCH).map(|_| zeroed_send_wr()).collect(),
             send_sges: vec![
                 ibv_sge {
@@ -218,6 +243,12 @@ impl VerbsQp {
             cq,
             device: device.clone(),
         })
+    }
+
+    /// Sends of at most this many bytes are posted inline (0: none); what
+    /// the device granted when asked for [`INLINE_WANT`].
+    pub fn max_inline(&self) -> u32 {
+        self.max_inline
     }
 
     pub(super) fn set_ird_ord(&mut self, ird: u32, ord: u32) {
@@ -269,21 +300,32 @@ impl VerbsQp {
         let start = self.sq_head;
         for (i, wr) in wrs.iter().enumerate() {
             let seq = start.wrapping_add(i as u32);
-            let (sges, opcode, wc_opcode) = match wr.op {
+            let (sges, opcode, wc_opcode, send) = match wr.op {
                 SendOp::Send {
                     sges,
                     invalidate: None,
-                } => (sges, ibv_wr_opcode::IBV_WR_SEND, WcOpcode::Send),
+                } => (sges, ibv_wr_opcode::IBV_WR_SEND, WcOpcode::Send, true),
                 SendOp::Send {
                     sges,
                     invalidate: Some(_),
-                } => (sges, ibv_wr_opcode::IBV_WR_SEND_WITH_INV, WcOpcode::Send),
-                SendOp::RdmaWrite { sges, .. } => {
-                    (sges, ibv_wr_opcode::IBV_WR_RDMA_WRITE, WcOpcode::RdmaWrite)
-                }
-                SendOp::RdmaRead { sges, .. } => {
-                    (sges, ibv_wr_opcode::IBV_WR_RDMA_READ, WcOpcode::RdmaRead)
-                }
+                } => (
+                    sges,
+                    ibv_wr_opcode::IBV_WR_SEND_WITH_INV,
+                    WcOpcode::Send,
+                    true,
+                ),
+                SendOp::RdmaWrite { sges, .. } => (
+                    sges,
+                    ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                    WcOpcode::RdmaWrite,
+                    false,
+                ),
+                SendOp::RdmaRead { sges, .. } => (
+                    sges,
+                    ibv_wr_opcode::IBV_WR_RDMA_READ,
+                    WcOpcode::RdmaRead,
+                    false,
+                ),
             };
             let mut len = 0u32;
             for (j, s) in sges.iter().enumerate() {
@@ -304,6 +346,11 @@ impl VerbsQp {
             } else {
                 ibv_send_flags(0)
             };
+            if send && len <= self.max_inline {
+                // Copied into the request by the post itself; the buffer
+                // still stays ours until the completion, as for any Send.
+                flags |= ibv_send_flags::IBV_SEND_INLINE;
+            }
             // SAFETY: i < wrs.len() <= POST_BATCH = send_wrs.len().
             let w = unsafe { &mut *base.add(i) };
             w.wr_id = self.tag(false, seq);
