@@ -1460,9 +1460,11 @@ impl Store for MemStore {
         })
     }
 
-    /// Holes are pieces of the zero block.
+    /// Holes are pieces of the zero block. (A READ keeps no state here:
+    /// there is no tag to forget.)
     fn pin_read(
         &mut self,
+        _tag: Tag,
         h: Handle,
         offset: u64,
         len: u32,
@@ -2268,7 +2270,7 @@ mod tests {
         let avail = ready(s.read(9, h, 10, 1 << 20)).unwrap();
         assert_eq!(u64::from(avail), eof - 10);
         let n = s
-            .pin_read(h, 10, avail, &[DATA_KEY, ZERO_KEY], &mut out)
+            .pin_read(0, h, 10, avail, &[DATA_KEY, ZERO_KEY], &mut out)
             .expect("pieces");
         let pieces = &out[..n].to_vec();
         assert_eq!(gather(pieces), read(&mut s, h, 10, avail));
@@ -2288,7 +2290,7 @@ mod tests {
         // Too few slots: nothing, and nothing left pinned (the file can be
         // truncated and its blocks reused below).
         assert_eq!(
-            s.pin_read(h, 0, avail, &[DATA_KEY, ZERO_KEY], &mut out[..1]),
+            s.pin_read(0, h, 0, avail, &[DATA_KEY, ZERO_KEY], &mut out[..1]),
             None
         );
         unpin_all(&s, pieces);
@@ -2305,12 +2307,12 @@ mod tests {
         write(&mut s, a, 0, &vec![b'A'; BLOCK_SIZE as usize]).unwrap();
         let mut out = no_pieces();
         let n = s
-            .pin_read(a, 0, BLOCK_SIZE as u32, &[DATA_KEY, ZERO_KEY], &mut out)
+            .pin_read(0, a, 0, BLOCK_SIZE as u32, &[DATA_KEY, ZERO_KEY], &mut out)
             .unwrap();
         let pieces = out[..n].to_vec();
         // A second transfer pins the same block again.
         let n2 = s
-            .pin_read(a, 0, 100, &[DATA_KEY, ZERO_KEY], &mut out)
+            .pin_read(0, a, 0, 100, &[DATA_KEY, ZERO_KEY], &mut out)
             .unwrap();
         let second = out[..n2].to_vec();
         // The file goes (its last close, delete pending) while both
@@ -2457,7 +2459,7 @@ mod tests {
                     };
                     let len = ready(s.read(1, h, 0, 4 * BLOCK_SIZE as u32)).unwrap_or(0);
                     let pinned = if len > 0 {
-                        s.pin_read(h, 0, len, &[DATA_KEY, ZERO_KEY], &mut out)
+                        s.pin_read(0, h, 0, len, &[DATA_KEY, ZERO_KEY], &mut out)
                     } else {
                         None
                     };

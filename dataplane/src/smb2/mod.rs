@@ -1068,7 +1068,7 @@ impl Core {
             let pinned = match p.kind {
                 RdmaKind::Write => {
                     self.store
-                        .pin_read(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
+                        .pin_read(tag, p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
                 }
                 RdmaKind::Read => {
                     self.store

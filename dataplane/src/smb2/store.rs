@@ -367,14 +367,16 @@ pub trait Store: Send + 'static {
         None
     }
 
-    /// Zero-copy READ: after a Ready [`Store::read`] (instead of
-    /// [`Store::copy_out`]), fills `out` with pinned pieces covering the
+    /// Zero-copy READ: after a Ready [`Store::read`] with this tag (instead
+    /// of [`Store::copy_out`]), fills `out` with pinned pieces covering the
     /// `len` bytes at `offset` in order (`lkeys`: the registrations of
     /// [`ZeroCopy::regions`]); holes are pieces of a shared zero region.
-    /// Returns how many, or None when they do not fit `out` or the store
-    /// cannot (then nothing is pinned and the caller copies).
+    /// Returns how many (and, like `copy_out`, forgets the tag), or None
+    /// when they do not fit `out` or the store cannot (then nothing is
+    /// pinned, the tag is kept and the caller copies).
     fn pin_read(
         &mut self,
+        _tag: Tag,
         _h: Handle,
         _offset: u64,
         _len: u32,
