@@ -215,9 +215,12 @@ fn register_zero_copy<P: Provider, U: UpperLayer>(
         let mr = match done.iter().find(|(k, _)| *k == r) {
             Some((_, mr)) => *mr,
             None => {
-                // SAFETY: the upper layer keeps the region mapped for as long
-                // as any worker (hence the provider's use of it) runs: it is
-                // the memory of its store, which the workers' handles share.
+                // SAFETY: the upper layer keeps the region mapped while the
+                // provider may use it: the memory store's blocks, which the
+                // workers' handles share, live as long as any worker; a
+                // directory store's staging slab (one per worker's handle)
+                // is unmapped only when no transfer holds a pin on it, and
+                // leaked otherwise.
                 let mr = match unsafe { provider.register(r.0 as *mut u8, r.1, None) } {
                     Ok(mr) => Some(mr),
                     Err(e) => {
