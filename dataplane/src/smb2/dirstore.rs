@@ -6,9 +6,9 @@
 //!
 //! # Memory file systems
 //! When the root is on tmpfs or ramfs (`fstatfs(2)` of the root at factory
-//! construction: TMPFS_MAGIC, RAMFS_MAGIC), WRITE and READ of up to
-//! [`SYNC_READ_MAX`] bytes of files on the root's device are `pwrite(2)`
-//! and `pread(2)` on the worker, and FLUSH is `fsync(2)` (a no-op there). Such a file's data lives in the page cache
+//! construction: TMPFS_MAGIC, RAMFS_MAGIC), READ and WRITE of files on the
+//! root's device are `pread(2)` and `pwrite(2)` on the worker, and FLUSH is
+//! `fsync(2)` (a no-op there). Such a file's data lives in the page cache
 //! and nowhere else, so a read or write is a copy to or from memory that
 //! never waits on a device: the same work io_uring would do, without its
 //! cost. That cost is large: these file systems do not declare
@@ -26,16 +26,12 @@
 //! allocated. Metadata (CREATE, STATX, listings, renames, unlinks,
 //! truncation where the ring has it) stays on the ring.
 //!
-//! A larger READ (cifs.ko and Windows read 1 MiB at a time) stays on the
-//! ring: its copy then runs on an `iou-wrk` thread, on another core, while
-//! the worker keeps moving other requests' data, instead of stalling the
-//! worker and every connection on it for the whole copy (measured: 1 MiB
-//! sequential reads at QD 4 through cifs.ko in the Soft-RoCE guest, 24.5
-//! to 31.7 MB/s with every READ synchronous, 29.3 to 30.9 with all of them
-//! on the ring, same boot). A WRITE is synchronous whatever its size: on
-//! the ring its data would first be copied to staging on the worker (the
-//! caller lends it only for the call), the same copy `pwrite(2)` makes.
-//! [`DirStoreFactory::with_sync_read_max`] moves the limit.
+//! Large READs too: handing a 1 MiB READ to io_uring (its copy on an
+//! `iou-wrk` thread, off the worker) measured worse where the cores are
+//! all busy-polling (2-core host, soft provider, 1 MiB READs at QD 4: 2.4
+//! to 2.7 GB/s against 3.2 to 3.7 synchronous) and within noise in the
+//! Soft-RoCE guest through cifs.ko; `--store-io uring` is there for
+//! servers with cores to spare for it.
 //!
 //! # Zero-copy READ
 //! The staging slab is registered with the provider
@@ -43,7 +39,10 @@
 //! straight from the run it was read into ([`Store::pin_read`]): no copy to
 //! a pool buffer. The run and its slot stay taken until the worker gives
 //! the pin back ([`StagePins`]: a bit per slot, freed at the next
-//! [`Store::poll`]).
+//! [`Store::poll`] or READ). Measured on the 2-core host (soft provider,
+//! `serve --store /dev/shm/DIR`, `bench --connect`, 3 alternated pairs):
+//! 1 MiB READs at QD 4 3.6-3.9 GB/s before, 4.3-5.0 after (two runs);
+//! 4 KiB READs at QD 32 and QD 1 within noise of before.
 //!
 //! Caveats, and why the choice is per file and can be turned off:
 //! - *Swap.* tmpfs pages can be swapped out; reading one back waits for
@@ -203,10 +202,6 @@ pub const MAX_OPS: usize = 512;
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
 /// Allocation unit of the staging slab.
 pub const STAGE_CHUNK: usize = 64 << 10;
-/// READs of files on a memory file system up to this many bytes are done
-/// on the worker; larger ones go through io_uring (see "Memory file
-/// systems" in the module docs).
-pub const SYNC_READ_MAX: u32 = 64 << 10;
 /// Alignment O_DIRECT I/O needs (offset, length, buffer).
 pub const DIRECT_ALIGN: u64 = 4096;
 /// `user_data` of fire-and-forget closes.
@@ -299,8 +294,6 @@ pub struct DirStoreFactory {
     /// The root's device ([`FileKey`]'s first half).
     root_dev: u64,
     rw: RwPath,
-    /// Largest READ done synchronously on a memory file system.
-    sync_max: u32,
 }
 
 /// How READ and WRITE reach the files (`serve --store-io`; see "Memory
@@ -446,7 +439,6 @@ impl DirStoreFactory {
             memory_fs,
             root_dev,
             rw: RwPath::Auto,
-            sync_max: SYNC_READ_MAX,
         })
     }
 
@@ -457,16 +449,8 @@ impl DirStoreFactory {
         self
     }
 
-    /// Sets the largest READ of a memory file system's file done on the
-    /// worker (default [`SYNC_READ_MAX`]); larger ones go through io_uring.
-    pub fn with_sync_read_max(mut self, bytes: u32) -> Self {
-        self.sync_max = bytes;
-        self
-    }
-
     /// The memory file system whose files are read and written
-    /// synchronously (up to the size limit), or None (io_uring for every
-    /// READ and WRITE).
+    /// synchronously, or None (io_uring for every READ and WRITE).
     pub fn sync_rw(&self) -> Option<&'static str> {
         match self.rw {
             RwPath::Auto => self.memory_fs,
@@ -478,9 +462,8 @@ impl DirStoreFactory {
     pub fn rw_description(&self) -> String {
         match (self.sync_rw(), self.memory_fs) {
             (Some(fs), _) => format!(
-                "{fs}: WRITE and READ of up to {} KiB synchronous on the worker (memory file \
-                 system); larger READs, mounts beneath the root and metadata through io_uring",
-                self.sync_max >> 10
+                "{fs}: READ and WRITE synchronous on the worker (memory file system; \
+                 io_uring for mounts beneath the root and for metadata)"
             ),
             (None, Some(fs)) => format!("{fs}: READ and WRITE through io_uring (--store-io uring)"),
             (None, None) => "READ and WRITE through io_uring".to_owned(),
@@ -511,10 +494,7 @@ impl StoreFactory for DirStoreFactory {
             d.push_str(" (O_DIRECT)");
         }
         if let Some(fs) = self.sync_rw() {
-            d.push_str(&format!(
-                " ({fs}, synchronous WRITE, READ up to {} KiB)",
-                self.sync_max >> 10
-            ));
+            d.push_str(&format!(" ({fs}, synchronous READ/WRITE)"));
         }
         d
     }
@@ -1014,8 +994,6 @@ pub struct DirStore {
     /// The device whose files are read and written synchronously (the
     /// root's, when it is a memory file system).
     sync_dev: Option<u64>,
-    /// Largest synchronous READ ([`DirStoreFactory::with_sync_read_max`]).
-    sync_max: u32,
 }
 
 impl std::fmt::Debug for DirStore {
@@ -1072,7 +1050,6 @@ impl DirStore {
             deferred: Vec::new(),
             label: volume_label(&f.path),
             sync_dev: f.sync_rw().map(|_| f.root_dev),
-            sync_max: f.sync_max,
         })
     }
 
@@ -2256,9 +2233,7 @@ impl DirStore {
             Ok(f) if data.is_some() && !f.writable => {
                 return Poll::Ready(Err(StoreError::Io(libc::EACCES)))
             }
-            // A large READ goes to io_uring (module docs); a WRITE never:
-            // its data would be copied to staging on the worker anyway.
-            Ok(f) => f.sync_rw && (data.is_some() || len <= self.sync_max),
+            Ok(f) => f.sync_rw,
         };
         if len == 0 {
             return Poll::Ready(Ok(Out::Count(0)));
@@ -3470,11 +3445,7 @@ mod tests {
 
     fn stale_handles_and_exhausted_staging(b: Backing) {
         let dir = TempDir::new(b, "stale");
-        // On Memory, every READ synchronous, the large ones included.
-        let mut s = factory(&dir, false)
-            .with_sync_read_max(u32::MAX)
-            .store()
-            .unwrap();
+        let mut s = store(&dir, false);
         let (h, _) = open(&mut s, "x", Disposition::Create).unwrap();
         // Larger than the slab, then two reads that fill it.
         assert_eq!(s.read(1, h, 0, 5 << 20), Poll::Ready(Err(StoreError::Busy)));
@@ -3920,8 +3891,7 @@ mod tests {
         let f = DirStoreFactory::new(&shm.0, false).unwrap();
         assert!(matches!(f.sync_rw(), Some("tmpfs" | "ramfs")), "{f:?}");
         assert!(
-            f.describe()
-                .ends_with(", synchronous WRITE, READ up to 64 KiB)"),
+            f.describe().ends_with(", synchronous READ/WRITE)"),
             "{}",
             f.describe()
         );
@@ -3936,45 +3906,6 @@ mod tests {
         assert_eq!(memory_fs_name(0x0102_1994), Some("tmpfs"));
         assert_eq!(memory_fs_name(0x8584_58f6), Some("ramfs"));
         assert_eq!(memory_fs_name(0xEF53), None); // ext2/3/4
-    }
-
-    #[test]
-    fn large_reads_of_a_memory_file_system_go_through_the_ring() {
-        if !shm_is_memory() {
-            return;
-        }
-        let dir = TempDir::new(Backing::Memory, "sync-max");
-        let mut s = store(&dir, false);
-        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        // A WRITE of any size is synchronous.
-        assert_eq!(s.write(5, h, 0, &data), Poll::Ready(Ok(300_000)));
-        assert_idle(&s);
-        // A READ of SYNC_READ_MAX bytes: at once.
-        assert_eq!(
-            s.read(6, h, 1000, SYNC_READ_MAX),
-            Poll::Ready(Ok(SYNC_READ_MAX))
-        );
-        s.cancel(6);
-        // One byte more: on the ring, the same bytes in the end.
-        let len = SYNC_READ_MAX + 1;
-        assert_eq!(s.read(7, h, 1000, len), Poll::Pending);
-        assert_eq!(s.in_flight(), 1);
-        assert_eq!(read(&mut s, h, 1000, 200_000).unwrap(), &data[1000..201_000]);
-        assert_eq!(drive(&mut s, 7, |s| s.read(7, h, 1000, len)), Ok(len));
-        let mut out = vec![0u8; len as usize];
-        s.copy_out(7, h, 1000, &mut out);
-        assert_eq!(out, &data[1000..1000 + len as usize]);
-        assert_idle(&s);
-        // The limit moves.
-        let mut s = factory(&dir, false).with_sync_read_max(4096).store().unwrap();
-        let (h, _) = open(&mut s, "f", Disposition::Open).unwrap();
-        assert_eq!(s.read(8, h, 0, 4096), Poll::Ready(Ok(4096)));
-        s.cancel(8);
-        assert_eq!(s.read(9, h, 0, 4097), Poll::Pending);
-        assert_eq!(drive(&mut s, 9, |s| s.read(9, h, 0, 4097)), Ok(4097));
-        s.cancel(9);
-        assert_idle(&s);
     }
 
     #[test]
@@ -4044,7 +3975,11 @@ mod tests {
                 let tag = 100 + i;
                 let n = drive(&mut s, tag, |s| s.read(tag, h, i, 4096)).unwrap();
                 assert_eq!(n, 4096, "{b:?} read {i}");
-                assert_eq!(s.pin_read(tag, h, i, n, &[7], &mut out), Some(1), "{b:?} read {i}");
+                assert_eq!(
+                    s.pin_read(tag, h, i, n, &[7], &mut out),
+                    Some(1),
+                    "{b:?} read {i}"
+                );
                 zc.pins.unpin(&out[0]);
             }
             assert!(s.pinned <= 1, "{}", s.pinned);
@@ -4126,11 +4061,7 @@ mod tests {
             return;
         }
         let dir = TempDir::new(Backing::Memory, "sync-err");
-        // Every READ synchronous, the large ones included.
-        let mut s = factory(&dir, false)
-            .with_sync_read_max(u32::MAX)
-            .store()
-            .unwrap();
+        let mut s = store(&dir, false);
         let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
         assert_eq!(s.write(1, h, 0, &[3; 8192]), Poll::Ready(Ok(8192)));
         // Swap in a directory's descriptor: pread(2) fails with EISDIR and

@@ -1066,10 +1066,14 @@ impl Core {
             // Zero-copy: the data moves between the client and the store's
             // blocks directly (pinned until the transfer ends).
             let pinned = match p.kind {
-                RdmaKind::Write => {
-                    self.store
-                        .pin_read(tag, p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
-                }
+                RdmaKind::Write => self.store.pin_read(
+                    tag,
+                    p.handle,
+                    p.file_offset,
+                    p.len,
+                    &zc.lkeys,
+                    &mut zc.pieces,
+                ),
                 RdmaKind::Read => {
                     self.store
                         .pin_write(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
