@@ -26,7 +26,7 @@
 //! allocated. Metadata (CREATE, STATX, listings, renames, unlinks,
 //! truncation where the ring has it) stays on the ring.
 //!
-//! Large READs too: handing a 1 MiB READ to io_uring (its copy on an
+//! Large READs are synchronous too: handing a 1 MiB READ to io_uring (its copy on an
 //! `iou-wrk` thread, off the worker) measured worse where the cores are
 //! all busy-polling (2-core host, soft provider, 1 MiB READs at QD 4: 2.4
 //! to 2.7 GB/s against 3.2 to 3.7 synchronous) and within noise in the
@@ -939,7 +939,7 @@ struct QueueFull;
 /// [`crate::zerocopy`]): a piece's pin is its slot, and [`Pins::unpin`]
 /// (the worker, once the RDMA Write can no longer read the run) sets the
 /// slot's bit; the store frees the slots whose bits are set at its next
-/// [`Store::poll`]. Lock-free, allocation-free.
+/// [`Store::poll`] or READ. Lock-free, allocation-free.
 #[derive(Debug)]
 struct StagePins {
     released: [AtomicU64; MAX_OPS / 64],
