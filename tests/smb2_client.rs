@@ -130,8 +130,13 @@ impl Env {
 
     /// With the client's provider configured as `provider`.
     fn start_with(provider: SoftConfig) -> Env {
+        Self::start_serving(provider, &["--upper", "smb2"])
+    }
+
+    /// A daemon started with `args`.
+    fn start_serving(provider: SoftConfig, args: &[&str]) -> Env {
         let port = free_port();
-        let d = spawn(port, &["--upper", "smb2"]);
+        let d = spawn(port, args);
         let provider = SoftProvider::with_config(provider).unwrap();
         let (pool, mr) = client_pool(&provider);
         let alloc = Some(pool.claim_slice(0).unwrap());
@@ -552,6 +557,81 @@ fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
     c.close(fid).unwrap();
     env.done(c);
     env.stop();
+}
+
+/// A directory store on tmpfs reads synchronously and sends each READ's
+/// data from its staging run (zero-copy): many more pipelined RDMA READs
+/// than the store has operation slots (512) all come back with the right
+/// bytes, and the daemon exits clean (every pool buffer back).
+#[test]
+fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
+    let _serial = serial();
+    let shm = std::path::Path::new("/dev/shm");
+    // SAFETY: zeroed statfs is valid; a valid path and out-pointer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let path = std::ffi::CString::new("/dev/shm").unwrap();
+    let tmpfs =
+        unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == 0x0102_1994;
+    if !tmpfs {
+        eprintln!("skipped: /dev/shm is not a tmpfs here");
+        return;
+    }
+    let dir = shm.join(format!("smbdirectd-client-zc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut env = Env::start_serving(
+        SoftConfig::default(),
+        &["--upper", "smb2", "--store", dir.to_str().unwrap()],
+    );
+    let mut c = env.session(Dialect::SMB_3_1_1);
+    let fid = create(&mut c, "zc.bin");
+    const BLOCKS: usize = 64;
+    let file = pattern(BLOCKS * IO, 91);
+    let t = Transfer::Rdma {
+        descriptors: 2,
+        invalidate: false,
+    };
+    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
+    let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    let block = |i: usize| (i * 29) % BLOCKS;
+    let total = 2_000;
+    let peak = pipeline(
+        &mut c,
+        &bufs,
+        total,
+        |c, i, b| {
+            c.submit_read(
+                fid,
+                (block(i) * IO) as u64,
+                IO as u32,
+                b,
+                Transfer::Rdma {
+                    descriptors: 1,
+                    invalidate: i % 2 == 0,
+                },
+            )
+        },
+        |c, i, n, b| {
+            assert_eq!(n as usize, IO, "read {i}");
+            let off = block(i) * IO;
+            assert!(
+                c.io_buf(b).unwrap() == &file[off..off + IO],
+                "read {i} differs"
+            );
+        },
+    );
+    assert_eq!(peak.0, QD);
+    // One READ larger than the staging chunk, at an odd offset, across
+    // the end of the file.
+    let back = c.read(fid, 1000, (BLOCKS * IO) as u32, t).unwrap();
+    assert!(back == file[1000..], "the long read differs");
+    for b in bufs {
+        c.free_io_buf(b).unwrap();
+    }
+    c.close(fid).unwrap();
+    env.done(c);
+    env.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
