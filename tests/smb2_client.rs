@@ -221,6 +221,24 @@ fn create(c: &mut Smb2Client<SoftProvider>, name: &str) -> FileId {
     .file_id
 }
 
+/// The set-up of the pipelined tests: creates `name`, writes `blocks`
+/// blocks of [`IO`] bytes of pattern `seed` to it through `t`, and
+/// allocates [`QD`] I/O buffers of [`IO`] bytes. Returns the file, its
+/// contents and the buffers.
+fn pipelined_setup(
+    c: &mut Smb2Client<SoftProvider>,
+    name: &str,
+    blocks: usize,
+    seed: u64,
+    t: Transfer,
+) -> (FileId, Vec<u8>, Vec<IoBuf>) {
+    let fid = create(c, name);
+    let file = pattern(blocks * IO, seed);
+    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
+    let bufs = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    (fid, file, bufs)
+}
+
 #[test]
 fn negotiates_each_smb3_dialect_and_records_the_servers_limits() {
     let _serial = serial();
@@ -461,16 +479,12 @@ fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
     let _serial = serial();
     let mut env = Env::start();
     let mut c = env.session(Dialect::SMB_3_1_1);
-    let fid = create(&mut c, "qd.bin");
     const BLOCKS: usize = 128;
-    let mut file = pattern(BLOCKS * IO, 77);
     let t = Transfer::Rdma {
         descriptors: 4,
         invalidate: true,
     };
-    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
-
-    let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    let (fid, mut file, bufs) = pipelined_setup(&mut c, "qd.bin", BLOCKS, 77, t);
     let block = |i: usize| (i * 37) % BLOCKS;
 
     // Reads, RDMA with invalidation, then inline.
@@ -567,11 +581,10 @@ fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
 fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
     let _serial = serial();
     let shm = std::path::Path::new("/dev/shm");
-    // SAFETY: zeroed statfs is valid; a valid path and out-pointer.
+    // SAFETY: zeroed statfs is valid; a NUL-terminated path, an out-pointer.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let path = std::ffi::CString::new("/dev/shm").unwrap();
-    let tmpfs =
-        unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == 0x0102_1994;
+    let tmpfs = unsafe { libc::statfs(c"/dev/shm".as_ptr(), &mut st) } == 0
+        && st.f_type as i64 == 0x0102_1994; // TMPFS_MAGIC
     if !tmpfs {
         eprintln!("skipped: /dev/shm is not a tmpfs here");
         return;
@@ -584,15 +597,12 @@ fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
         &["--upper", "smb2", "--store", dir.to_str().unwrap()],
     );
     let mut c = env.session(Dialect::SMB_3_1_1);
-    let fid = create(&mut c, "zc.bin");
     const BLOCKS: usize = 64;
-    let file = pattern(BLOCKS * IO, 91);
     let t = Transfer::Rdma {
         descriptors: 2,
         invalidate: false,
     };
-    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
-    let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    let (fid, file, bufs) = pipelined_setup(&mut c, "zc.bin", BLOCKS, 91, t);
     let block = |i: usize| (i * 29) % BLOCKS;
     let total = 2_000;
     let peak = pipeline(
@@ -820,15 +830,12 @@ fn steady_state_pipelined_io_does_not_allocate_in_the_client() {
     let _serial = serial();
     let mut env = Env::start();
     let mut c = env.session(Dialect::SMB_3_1_1);
-    let fid = create(&mut c, "steady.bin");
     const BLOCKS: usize = 64;
-    let file = pattern(BLOCKS * IO, 5);
     let t = Transfer::Rdma {
         descriptors: 2,
         invalidate: true,
     };
-    assert_eq!(c.write(fid, 0, &file, t).unwrap() as usize, file.len());
-    let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+    let (fid, file, bufs) = pipelined_setup(&mut c, "steady.bin", BLOCKS, 5, t);
     // Request k: block (k * 7) % BLOCKS, by kind k % 3: inline READ, RDMA
     // READ with invalidation, RDMA WRITE (of the same bytes) through 2
     // descriptors.
