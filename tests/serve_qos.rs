@@ -442,6 +442,98 @@ fn share_default_policy_limits_clients_that_send_no_qos_ioctl() {
     terminate(d);
 }
 
+/// A worker reports a closed window a few flows at a time, as the ring to
+/// the control plane has room (dataplane/src/smb2/mod.rs,
+/// QOS_REPORT_BUDGET; the daemon's ring holds 32 messages with
+/// `--max-connections 4`): with hundreds of flows reading all the time,
+/// every flow's rate reaches the control plane (`qos flows`, which shows
+/// each flow's last closed window: sampled while the reads go on).
+#[test]
+fn every_flow_of_hundreds_reading_has_its_rate_reported() {
+    let _g = serial();
+    const FLOWS: u32 = 200;
+    let (d, port, _) = start(&["--max-connections", "4"]);
+    let provider = SoftProvider::new().unwrap();
+    let mut s = session(&provider, port);
+    let f = file(&mut s, "many.bin", 4096);
+    s.c.close(f).unwrap();
+    let mut opens = Vec::new();
+    for n in 0..FLOWS {
+        let fid =
+            s.c.create(
+                "many.bin",
+                CreateDisposition::OPEN,
+                CreateOptions::NON_DIRECTORY_FILE,
+            )
+            .expect("open")
+            .file_id;
+        let mut r = request(
+            Options::from_bits(Options::SET_LOGICAL_FLOW_ID.bits() | Options::SET_POLICY.bits()),
+            guid(0x1000 + n),
+        );
+        r.limit = 1_000_000;
+        let (st, _) = ioctl(&mut s, fid, &r.to_vec(), 1024);
+        assert_eq!(st, STATUS_SUCCESS, "flow {n}");
+        opens.push(fid);
+    }
+    // Another thread samples `qos flows` every 100 ms for 3 s while this
+    // one reads on every flow in turn.
+    let admin = d.admin.clone();
+    let sampler = std::thread::spawn(move || {
+        let mut samples = Vec::new();
+        for _ in 0..30 {
+            std::thread::sleep(Duration::from_millis(100));
+            let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+                .args(["qos", "flows", "--json", "--admin-socket", &admin])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            samples.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        samples
+    });
+    let mut rounds = 0;
+    while !sampler.is_finished() {
+        for &fid in &opens {
+            s.c.read(fid, 0, 512, Transfer::Inline).expect("read");
+        }
+        rounds += 1;
+    }
+    let samples = sampler.join().unwrap();
+    // Flow id -> seen with a rate in some sample.
+    let mut seen = std::collections::BTreeMap::new();
+    for text in &samples {
+        for row in text.split("{\"flow_id\":\"").skip(1) {
+            let id = row.split('"').next().unwrap_or_default().to_string();
+            let busy = !row.contains("\"iops\":0,");
+            *seen.entry(id).or_insert(false) |= busy;
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        FLOWS as usize,
+        "{rounds} rounds; {:?}",
+        samples.last()
+    );
+    let never: Vec<&String> = seen
+        .iter()
+        .filter(|(_, b)| !**b)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        never.is_empty(),
+        "{} of {FLOWS} flows read in each of {rounds} rounds but no sample of `qos flows` showed \
+         a rate for them (first: {:?})",
+        never.len(),
+        &never[..never.len().min(3)]
+    );
+    for fid in opens {
+        s.c.close(fid).unwrap();
+    }
+    drop(s);
+    terminate(d);
+}
+
 #[test]
 fn qos_policy_subcommands_change_a_running_daemon() {
     let _g = serial();

@@ -569,6 +569,130 @@ fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
     server.shutdown();
 }
 
+/// Storage QoS window reports of more flows than the ring to the control
+/// plane holds (its capacity is `max_connections * 4 + 16` = 32 here):
+/// every 100 ms window closes on all of them, and the worker sends their
+/// reports a ring's room at a time instead of queueing them on the heap.
+#[test]
+fn qos_window_reports_of_many_flows_do_not_allocate_on_the_worker() {
+    let _one_at_a_time = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+    use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
+    use smbdirect_dataplane::smb2::store::{MemStoreFactory, StoreFactory};
+    use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
+    use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
+    use smbdirect_protocol::sqos::{
+        Dialect as QosDialect, Guid, Options, StorageQosControlRequestRepr,
+        FSCTL_STORAGE_QOS_CONTROL,
+    };
+    // More than the worker's event queue (256) and ten times the ring.
+    const FLOWS: u32 = 300;
+
+    let provider = Arc::new(SoftProvider::new().expect("soft provider"));
+    let store = Arc::new(MemStoreFactory::new(64 << 20).expect("memory store"));
+    let server = start(provider.clone(), server_config(), move || {
+        Smb2Server::new(Smb2Config::default(), store.handle(0))
+    })
+    .expect("server starts");
+    let cpool = PoolConfig::smbdirect(16 << 20, 1, 8192, 1364, 1 << 16)
+        .backing(Backing::SharedMemfd)
+        .build()
+        .expect("client pool");
+    // SAFETY: the pool outlives the provider's use of it in this test.
+    let mr = unsafe { provider.register_pool(&cpool) }.expect("register the client pool");
+    let mut c = Smb2Client::connect(
+        &*provider,
+        server.local_addr(),
+        smbd(),
+        cpool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(5),
+        Smb2ClientOptions::default(),
+    )
+    .expect("connect");
+    c.negotiate(&[Dialect::SMB_3_1_1]).unwrap();
+    c.session_setup_anonymous().unwrap();
+    c.tree_connect("data").unwrap();
+    let f = c
+        .create(
+            "data.bin",
+            CreateDisposition::OVERWRITE_IF,
+            CreateOptions::NON_DIRECTORY_FILE,
+        )
+        .unwrap()
+        .file_id;
+    c.write(f, 0, &[5u8; 4096], Transfer::Inline).unwrap();
+    c.close(f).unwrap();
+    // One open per flow, each its own logical flow with a generous
+    // client-defined limit (no PolicyId: [MS-SQOS] note <8>); nothing
+    // waits: only the reports matter.
+    let mut opens = Vec::new();
+    for n in 0..FLOWS {
+        let fid = c
+            .create(
+                "data.bin",
+                CreateDisposition::OPEN,
+                CreateOptions::NON_DIRECTORY_FILE,
+            )
+            .unwrap()
+            .file_id;
+        let mut req = StorageQosControlRequestRepr::new(
+            QosDialect::V1_1,
+            Options::from_bits(Options::SET_LOGICAL_FLOW_ID.bits() | Options::SET_POLICY.bits()),
+            Guid::from_fields(n + 1, 7, 7, [7; 8]),
+        );
+        req.limit = 1_000_000;
+        let (st, _) = c
+            .ioctl(fid, FSCTL_STORAGE_QOS_CONTROL, &req.to_vec(), 1024)
+            .unwrap_or_else(|e| panic!("set policy of flow {n}: {e:?}"));
+        assert_eq!(st, STATUS_SUCCESS, "flow {n}");
+        opens.push(fid);
+    }
+    // One 4 KiB READ on each of the first `busy` flows per round, rounds
+    // spread over several windows: each window closes on all of them.
+    let rounds = |c: &mut Smb2Client<SoftProvider>, n: usize, busy: usize| {
+        for _ in 0..n {
+            for &fid in &opens[..busy] {
+                let data = c.read(fid, 0, 4096, Transfer::Inline).expect("read");
+                assert_eq!(data.len(), 4096);
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    };
+    // Warmed up with a few flows busy: the windows close on few reports.
+    // Then every flow is: a window closes on 300 reports, more than the
+    // ring and the worker's event queue hold.
+    rounds(&mut c, 6, 8);
+    let warm = WORKER_ALLOCS.load(Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    rounds(&mut c, 8, opens.len());
+    // The last window's reports too.
+    std::thread::sleep(Duration::from_millis(250));
+    let took = t0.elapsed();
+    ARMED.store(false, Ordering::Relaxed);
+    let after = WORKER_ALLOCS.load(Ordering::Relaxed);
+    println!(
+        "QoS window reports: {} worker allocations while {FLOWS} flows did I/O in every window \
+         for {:.2} s (ring to the control plane: 32 messages)",
+        after - warm,
+        took.as_secs_f64()
+    );
+    assert!(
+        took >= Duration::from_millis(300),
+        "the run spans several 100 ms windows"
+    );
+    if after != warm {
+        let bt = FIRST_WORKER_ALLOC.lock().unwrap().take();
+        panic!(
+            "the worker thread allocated {} times reporting {FLOWS} flows; the first allocation:\n{}",
+            after - warm,
+            bt.map_or_else(|| "(no backtrace captured)".into(), |b| b.to_string())
+        );
+    }
+    let _ = c.disconnect(Duration::from_secs(2));
+    server.shutdown();
+}
+
 // ---- the provider's RDMA path ------------------------------------------------
 
 struct Side {

@@ -682,6 +682,9 @@ pub struct UpperIo<'a> {
     pub(crate) wakes: &'a mut VecDeque<(ConnId, u64)>,
     pub(crate) events: &'a mut VecDeque<UpperEvent>,
     pub(crate) stats: &'a WorkerStats,
+    /// Events the control plane's ring takes now (see
+    /// [`UpperIo::control_room`]).
+    pub(crate) control_room: usize,
 }
 
 impl UpperIo<'_> {
@@ -694,7 +697,18 @@ impl UpperIo<'_> {
     /// Sends an event to the control plane (ordered, never dropped: a full
     /// ring is retried).
     pub fn to_control(&mut self, ev: UpperEvent) {
+        self.control_room = self.control_room.saturating_sub(1);
         self.events.push_back(ev);
+    }
+
+    /// How many more events [`UpperIo::to_control`] can send in this poll
+    /// straight into the control plane's ring (0 while earlier messages
+    /// wait for room). Events beyond it are still delivered, but queue on
+    /// the worker: a layer with many reports to make at once (Storage QoS
+    /// window reports, one per flow) sends at most this many per poll, so
+    /// that nothing grows on the I/O path.
+    pub fn control_room(&self) -> usize {
+        self.control_room
     }
 
     /// Adds to the worker's counters: `pool_stalls` (work that waited for

@@ -552,10 +552,18 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     /// connections and its events to the control plane.
     fn poll_upper(&mut self) -> bool {
         let now = self.now();
+        // What the ring to the control plane takes now; nothing while
+        // earlier messages wait for room.
+        let control_room = if self.pending_out.is_empty() {
+            self.outbox.capacity() - self.outbox.len()
+        } else {
+            0
+        };
         let mut io = UpperIo {
             wakes: &mut self.upper_wakes,
             events: &mut self.upper_events,
             stats: &self.stats,
+            control_room,
         };
         let mut any = self.upper.poll(now, &mut io);
         while let Some((conn, token)) = self.upper_wakes.pop_front() {

@@ -85,6 +85,11 @@ const FILE_ALL_ACCESS: u32 = 0x001F_01FF;
 /// Requests the QoS queue dispatches per poll-loop iteration; more ready
 /// requests than this mark the worker saturated for the window.
 const QOS_DISPATCH_BUDGET: usize = 32;
+/// Storage QoS window reports sent to the control plane per poll-loop
+/// iteration at most (fewer when its ring has less room): a window closing
+/// on thousands of flows is reported over a few iterations, never queued
+/// beyond the ring, and a window lasts 100 ms.
+const QOS_REPORT_BUDGET: usize = 64;
 /// Largest Storage QoS control request forwarded to the control plane
 /// (the fixed part plus two maximal names, [MS-SQOS] 2.2.2.2).
 const MAX_QOS_REQUEST: usize = 4096;
@@ -504,6 +509,13 @@ struct WorkerQos {
     slot_flow: Vec<u32>,
     window: PInstant,
     saturated: bool,
+    /// Reporting the last closed window (the per-flow I/O counts the
+    /// control plane aggregates into flow rates and statuses): the next
+    /// position of the scheduler's closed list to report, and whether the
+    /// worker was saturated in that window. Reports go a few per poll, as
+    /// the control plane's ring has room (see [`QOS_REPORT_BUDGET`]).
+    report_next: usize,
+    report_saturated: bool,
 }
 
 /// State shared by the connections of one worker.
@@ -531,7 +543,7 @@ struct Core {
     /// "All QoS flow slots in use", at most once a second.
     flows_full_log: RateLimited,
     /// Peer-misbehaviour warnings, at most once a second per [`Warn`] kind.
-    warn_log: [RateLimited; 3],
+    warn_log: [RateLimited; 4],
     /// Counted since the last poll, published to the worker's counters
     /// there: requests that waited for an RDMA data buffer, requests
     /// refused with STATUS_DISK_FULL.
@@ -561,6 +573,7 @@ enum Warn {
     Signature = 0,
     Logon = 1,
     Validate = 2,
+    QosReports = 3,
 }
 
 impl core::fmt::Debug for Core {
@@ -603,6 +616,8 @@ impl Smb2Server {
                     slot_flow: vec![u32::MAX; sc.max_flows],
                     window: PInstant::ZERO,
                     saturated: false,
+                    report_next: 0,
+                    report_saturated: false,
                 },
                 cfg,
                 store,
@@ -622,7 +637,7 @@ impl Smb2Server {
                 opens: 0,
                 gauges_dirty: false,
                 flows_full_log: RateLimited::new(std::time::Duration::from_secs(1)),
-                warn_log: [RateLimited::new(std::time::Duration::from_secs(1)); 3],
+                warn_log: [RateLimited::new(std::time::Duration::from_secs(1)); 4],
                 pool_stalls: 0,
                 store_full: 0,
                 zc: None,
@@ -2589,20 +2604,16 @@ impl UpperLayer for Smb2Server {
             }
             core.gauges_dirty = true;
         }
+        let unreported = q.sched.closed_window_len().saturating_sub(q.report_next);
         q.sched.tick(now);
+        let mut lost = 0;
         if q.sched.window_start() != q.window {
             q.window = q.sched.window_start();
-            // Only flows with I/O in the window or the one before: the
-            // others' reports are all zeros, as already reported.
-            for slot in q.sched.closed_window_slots() {
-                if let Some(report) = q.sched.last_window(slot) {
-                    core.events.push_back(UpperEvent::QosWindow {
-                        flow: q.slot_flow[slot.index()],
-                        report,
-                        saturated: q.saturated,
-                    });
-                }
-            }
+            // A window closed before the last one was reported in full:
+            // the control plane's ring stayed full for a whole window.
+            lost = unreported;
+            q.report_next = 0;
+            q.report_saturated = q.saturated;
             q.saturated = false;
         }
         while let Some((c, t)) = core.wakes.pop_front() {
@@ -2612,6 +2623,38 @@ impl UpperLayer for Smb2Server {
         while let Some(ev) = core.events.pop_front() {
             io.to_control(ev);
             any = true;
+        }
+        // The closed window's reports, as far as the ring takes them: only
+        // flows with I/O in the window or the one before (the others'
+        // reports are all zeros, as already reported).
+        let q = &mut core.qos;
+        let end = q.sched.closed_window_len();
+        let mut budget = io.control_room().min(QOS_REPORT_BUDGET);
+        while budget > 0 && q.report_next < end {
+            let k = q.report_next;
+            q.report_next += 1;
+            let Some(slot) = q.sched.closed_window_slot(k) else {
+                continue;
+            };
+            if let Some(report) = q.sched.last_window(slot) {
+                io.to_control(UpperEvent::QosWindow {
+                    flow: q.slot_flow[slot.index()],
+                    report,
+                    saturated: q.report_saturated,
+                });
+                budget -= 1;
+                any = true;
+            }
+        }
+        if lost > 0 {
+            core.warn_once(
+                Warn::QosReports,
+                format_args!(
+                    "Storage QoS: the reports of {lost} flow(s) for one accounting window were not sent: \
+                     the control plane did not take this worker's messages for a whole window \
+                     (their I/O is missing from `qos flows` rates for that window)"
+                ),
+            );
         }
         if core.pool_stalls + core.store_full > 0 {
             io.add_counts(

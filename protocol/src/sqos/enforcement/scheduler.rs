@@ -715,6 +715,20 @@ impl Scheduler {
             .map(|&i| FlowSlot(i))
     }
 
+    /// How many slots the last window close listed: the positions
+    /// [`Self::closed_window_slot`] takes.
+    pub fn closed_window_len(&self) -> usize {
+        self.closed.len()
+    }
+
+    /// The slot at position `k` of the last window close's list if it is
+    /// still open (what [`Self::closed_window_slots`] yields, by position),
+    /// so that a caller can report a window's flows a few at a time.
+    pub fn closed_window_slot(&self, k: usize) -> Option<FlowSlot> {
+        let &i = self.closed.get(k)?;
+        (self.hot[i as usize].flags & OPEN != 0).then_some(FlowSlot(i))
+    }
+
     /// The last complete window of `slot`.
     pub fn last_window(&self, slot: FlowSlot) -> Option<WindowReport> {
         let i = self.open_index(slot).ok()?;
