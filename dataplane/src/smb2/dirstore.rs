@@ -19,8 +19,8 @@
 //! writes tmpfs synchronously from its own thread). Nothing else changes:
 //! a READ still lands in a staging run kept in its slot until
 //! [`Store::copy_out`] or [`Store::cancel`] (its result is Ready at the
-//! first call), a WRITE is copied from the caller's bytes straight into the
-//! file (no staging run), EINTR is retried, short transfers are continued,
+//! first call), a WRITE is copied from the caller's bytes (or a pinned
+//! staging run) straight into the file, EINTR is retried, short transfers are continued,
 //! errors map as on the ring (an error after some bytes read ends the READ
 //! with them), and the O_DIRECT descriptor is chosen as below. Nothing is
 //! allocated. Metadata (CREATE, STATX, listings, renames, unlinks,
@@ -57,6 +57,20 @@
 //! - The start-up line of `serve` says which path the store uses
 //!   ([`DirStoreFactory::rw_description`]); `stats` shows it in the store's
 //!   description.
+//!
+//! # Zero-copy WRITE
+//! An RDMA-channel WRITE's data goes the other way the same way: the
+//! RDMA Read places it straight into a staging run ([`Store::pin_write`]:
+//! a slot and run taken under the WRITE's tag), and [`Store::write_pinned`]
+//! writes that run out (`pwrite(2)` on a memory file system, else an
+//! io_uring WRITE, which with `--store-direct` DMAs it to the device): no
+//! copy through a pool buffer, so on a disk store the worker copies no
+//! WRITE data at all. Every slot a transfer pinned has `pin_out` set
+//! until the pin comes back; whatever ends first (the write, a cancel, a
+//! failed transfer the SMB2 layer never completes), the run is freed only
+//! after both: a WRITE written and collected before its pin came back
+//! stays as [`Kind::Pinned`], and a pin coming back on a run still
+//! waiting for `write_pinned` frees it and forgets its tag.
 //!
 //! # Rings and operations
 //! Each worker's [`DirStore`] owns one ring ([`RING_ENTRIES`] submission
@@ -690,11 +704,23 @@ enum Kind {
         len: u32,
         put: u32,
     },
-    /// A finished READ whose staging run an RDMA Write reads in place
-    /// ([`Store::pin_read`]): its tag is forgotten, and the slot and run
-    /// stay taken until the transfer's pin comes back ([`StagePins`]).
+    /// A staging run a transfer still holds by its pin ([`StagePins`]),
+    /// with nothing else left to do: a finished READ an RDMA Write sends
+    /// in place ([`Store::pin_read`]), or a WRITE's run whose write ended
+    /// (or was cancelled) before its RDMA Read's pin came back. Its tag is
+    /// forgotten; the slot and run are freed once the pin comes back.
     Pinned {
         stage: Stage,
+    },
+    /// A WRITE's staging run an RDMA Read is filling in place
+    /// ([`Store::pin_write`]), until [`Store::write_pinned`] writes it out
+    /// (it becomes a [`Kind::Write`]) or its pin comes back first (the
+    /// transfer failed, or the caller gave up: the slot and tag are freed).
+    WritePinned {
+        h: Handle,
+        stage: Stage,
+        offset: u64,
+        len: u32,
     },
     Stat,
     Fsync,
@@ -798,6 +824,9 @@ struct OpSlot {
     awaiting: bool,
     /// The tag was cancelled: drop the result when the CQE arrives.
     cancelled: bool,
+    /// A transfer's pin on this slot's staging run has not come back: the
+    /// run (and the slot) stay taken until it does, whatever else ends.
+    pin_out: bool,
     result: Option<Result<Out, StoreError>>,
     /// STATX target (stable: the slot table never moves).
     statx: libc::statx,
@@ -810,6 +839,7 @@ impl OpSlot {
             kind: Kind::Free,
             awaiting: false,
             cancelled: false,
+            pin_out: false,
             result: None,
             // SAFETY: `statx` is plain integers; all zeros is valid.
             statx: unsafe { std::mem::zeroed() },
@@ -977,9 +1007,10 @@ pub struct DirStore {
     /// Dropped by hand: leaked if the kernel may still write into it, or
     /// an RDMA Write still read a pinned run of it.
     staging: ManuallyDrop<Staging>,
-    /// Pins of READs sent in place from `staging` ([`Kind::Pinned`]).
+    /// Pins of transfers in place from or into `staging` (the slots'
+    /// `pin_out`).
     pins: Arc<StagePins>,
-    /// Slots in [`Kind::Pinned`].
+    /// Slots whose `pin_out` is set.
     pinned: usize,
     /// Operations whose CQE is due (cancelled ones included).
     in_flight: usize,
@@ -1141,7 +1172,13 @@ impl DirStore {
             .inspect_err(|_| self.staging.free(stage))
     }
 
-    /// Frees the slots (and runs) of pinned READs whose pins came back.
+    /// Takes back the pins that came back: a slot with nothing else left
+    /// ([`Kind::Pinned`]) is freed with its run; a [`Kind::WritePinned`]
+    /// slot whose pin came back before [`Store::write_pinned`] (the RDMA
+    /// Read failed, or its file or request went away) is freed with its
+    /// tag; a WRITE being written out is freed when its result is
+    /// collected. A bit for a slot without a pin out (none is set twice
+    /// per pin) is ignored.
     fn reclaim_unpinned(&mut self) {
         for w in 0..self.pins.released.len() {
             if self.pins.released[w].load(Ordering::Relaxed) == 0 {
@@ -1151,9 +1188,21 @@ impl DirStore {
             while bits != 0 {
                 let slot = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                if matches!(self.ops[slot].kind, Kind::Pinned { .. }) {
-                    self.pinned -= 1;
-                    self.release_slot(slot);
+                if !self.ops[slot].pin_out {
+                    continue;
+                }
+                self.ops[slot].pin_out = false;
+                self.pinned -= 1;
+                match self.ops[slot].kind {
+                    Kind::Pinned { .. } => self.release_slot(slot),
+                    Kind::WritePinned { .. } => {
+                        let tag = self.ops[slot].tag;
+                        if self.tags.get(&tag) == Some(&(slot as u32)) {
+                            self.tags.remove(&tag);
+                        }
+                        self.release_slot(slot);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -1172,6 +1221,7 @@ impl DirStore {
         s.kind = kind;
         s.awaiting = false;
         s.cancelled = false;
+        s.pin_out = false;
         s.result = None;
         self.tags.insert(tag, slot as u32);
         Ok(slot)
@@ -1181,10 +1231,24 @@ impl DirStore {
     /// of an unfinished CREATE.
     fn release_slot(&mut self, slot: usize) {
         debug_assert!(!self.ops[slot].awaiting);
-        match std::mem::replace(&mut self.ops[slot].kind, Kind::Free) {
-            Kind::Read { stage, .. } | Kind::Write { stage, .. } | Kind::Pinned { stage } => {
-                self.staging.free(stage)
+        if self.ops[slot].pin_out {
+            // A transfer still holds the run by its pin: keep the run and
+            // the slot until it comes back (reclaim_unpinned).
+            if let Kind::Read { stage, .. }
+            | Kind::Write { stage, .. }
+            | Kind::WritePinned { stage, .. }
+            | Kind::Pinned { stage } = self.ops[slot].kind
+            {
+                self.ops[slot].kind = Kind::Pinned { stage };
+                self.ops[slot].result = None;
+                return;
             }
+        }
+        match std::mem::replace(&mut self.ops[slot].kind, Kind::Free) {
+            Kind::Read { stage, .. }
+            | Kind::Write { stage, .. }
+            | Kind::WritePinned { stage, .. }
+            | Kind::Pinned { stage } => self.staging.free(stage),
             Kind::Open(op) => {
                 self.close_fd(op.fd);
                 self.close_fd(op.direct_fd);
@@ -1365,7 +1429,7 @@ impl DirStore {
                 self.chmod_finish(h, read_only, u32::from(self.ops[slot].statx.stx_mode))
             }),
             // A listing's CQEs carry an entry index: `list_cqe`.
-            Kind::List(_) | Kind::Free | Kind::Pinned { .. } => None,
+            Kind::List(_) | Kind::Free | Kind::Pinned { .. } | Kind::WritePinned { .. } => None,
         }
     }
 
@@ -1928,8 +1992,113 @@ impl Store for DirStore {
         self.tags.remove(&tag);
         self.ops[slot].kind = Kind::Pinned { stage };
         self.ops[slot].result = None;
+        self.ops[slot].pin_out = true;
         self.pinned += 1;
         Some(1)
+    }
+
+    /// One piece: a staging run of `len` bytes the RDMA Read fills, pinned
+    /// by its slot under `tag` until [`Store::write_pinned`] writes it out
+    /// (on the worker for a memory file system, else through io_uring).
+    /// None (nothing taken: the caller stages the data through a pool
+    /// buffer, and `write` gives the error) for what `write` would refuse
+    /// or when no run or slot is free.
+    fn pin_write(
+        &mut self,
+        tag: Tag,
+        h: Handle,
+        offset: u64,
+        len: u32,
+        lkeys: &[u32],
+        out: &mut [Piece],
+    ) -> Option<usize> {
+        match self.files.get(h) {
+            Ok(f) if !f.is_dir && f.writable => {}
+            _ => return None,
+        }
+        let end = offset.checked_add(u64::from(len))?;
+        if len == 0 || end > i64::MAX as u64 || self.tags.contains_key(&tag) {
+            return None;
+        }
+        let (&lkey, first) = (lkeys.first()?, out.first_mut()?);
+        if self.pinned > 0 {
+            self.reclaim_unpinned();
+        }
+        let stage = self.staging.alloc(len as usize)?;
+        let kind = Kind::WritePinned {
+            h,
+            stage,
+            offset,
+            len,
+        };
+        let Ok(slot) = self.alloc_slot(tag, kind) else {
+            self.staging.free(stage);
+            return None;
+        };
+        *first = Piece {
+            sge: Sge {
+                addr: self.staging.ptr(stage) as u64,
+                len,
+                lkey,
+            },
+            pin: slot as u32,
+        };
+        self.ops[slot].pin_out = true;
+        self.pinned += 1;
+        Some(1)
+    }
+
+    fn write_pinned(&mut self, tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<u32> {
+        let Some(&slot) = self.tags.get(&tag) else {
+            return Poll::Ready(Err(StoreError::Io(libc::EINVAL)));
+        };
+        let slot = slot as usize;
+        let stage = match self.ops[slot].kind {
+            Kind::WritePinned {
+                h: wh,
+                stage,
+                offset: wo,
+                len: wl,
+            } if wh == h && wo == offset && wl == len => stage,
+            _ => return Poll::Ready(Err(StoreError::Io(libc::EINVAL))),
+        };
+        let sync = match self.files.get(h) {
+            Ok(f) => f.sync_rw,
+            Err(e) => {
+                self.tags.remove(&tag);
+                self.release_slot(slot);
+                return Poll::Ready(Err(e));
+            }
+        };
+        if sync {
+            // SAFETY: the run holds the `len` bytes the RDMA Read placed
+            // (its completion came before this call) and nothing writes it
+            // while the slot holds it; it is not `self`'s memory, so the
+            // slice does not borrow `self`.
+            let data = unsafe { std::slice::from_raw_parts(self.staging.ptr(stage), len as usize) };
+            let r = self.write_now(h, offset, data);
+            self.tags.remove(&tag);
+            self.release_slot(slot);
+            return narrow(r, |o| match o {
+                Out::Count(n) => Some(n),
+                _ => None,
+            });
+        }
+        self.ops[slot].kind = Kind::Write {
+            h,
+            stage,
+            offset,
+            len,
+            put: 0,
+        };
+        match self.submit_rw(slot) {
+            Ok(()) => Poll::Pending,
+            Err(e) => {
+                self.tags.remove(&tag);
+                self.release_slot(slot);
+                Poll::Ready(Err(e))
+            }
+        }
     }
 
     fn write(&mut self, tag: Tag, h: Handle, offset: u64, data: &[u8]) -> Poll<u32> {
@@ -2987,8 +3156,8 @@ impl Drop for DirStore {
         }
         if self.in_flight > 0 || self.pinned > 0 {
             eprintln!(
-                "[smbdirectd] WARN directory store: {} operations still running and {} READs \
-                 still sent from their staging at teardown; leaking their buffers",
+                "[smbdirectd] WARN directory store: {} operations still running and {} RDMA \
+                 transfers still holding their staging runs at teardown; leaking their buffers",
                 self.in_flight, self.pinned
             );
             std::mem::forget(std::mem::take(&mut self.ops));
@@ -3985,6 +4154,104 @@ mod tests {
             assert!(s.pinned <= 1, "{}", s.pinned);
             s.poll(&mut |_| {});
             s.close(h);
+            assert_idle(&s);
+        }
+    }
+
+    #[test]
+    fn zero_copy_writes_go_out_from_their_staging_run_which_stays_pinned_until_unpinned() {
+        for b in [Backing::Uring, Backing::Memory] {
+            if b == Backing::Memory && !shm_is_memory() {
+                continue;
+            }
+            let dir = TempDir::new(b, "zero-copy-write");
+            let mut s = store(&dir, false);
+            let zc = s.zero_copy().expect("the staging slab is offered");
+            let (base, len) = zc.regions[0];
+            let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+            let mut out = [Piece {
+                sge: Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                },
+                pin: 0,
+            }; 2];
+            // Refused (nothing taken, `write` answers): another handle,
+            // nothing to write, an offset beyond an off_t.
+            assert_eq!(s.pin_write(1, Handle(h.0 + 1), 0, 10, &[7], &mut out), None);
+            assert_eq!(s.pin_write(1, h, 0, 0, &[7], &mut out), None);
+            assert_eq!(s.pin_write(1, h, i64::MAX as u64, 10, &[7], &mut out), None);
+            assert_idle(&s);
+            // One piece inside the slab; what the RDMA Read does: fill it.
+            let data: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+            assert_eq!(s.pin_write(20, h, 3, 200_000, &[7], &mut out), Some(1));
+            let p = out[0];
+            assert_eq!((p.sge.len, p.sge.lkey), (200_000, 7));
+            let at = p.sge.addr as usize;
+            assert!(at >= base && at + 200_000 <= base + len);
+            // SAFETY: the pinned run of 200,000 bytes, ours to fill.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at as *mut u8, data.len()) };
+            // A mismatched completion is refused and changes nothing.
+            assert_eq!(
+                s.write_pinned(20, h, 4, 200_000),
+                Poll::Ready(Err(StoreError::Io(libc::EINVAL)))
+            );
+            // Written out at once on a memory file system, else through
+            // io_uring and collected as a WRITE is.
+            let n = match s.write_pinned(20, h, 3, 200_000) {
+                Poll::Ready(r) => {
+                    assert_eq!(b, Backing::Memory);
+                    r
+                }
+                Poll::Pending => {
+                    assert_eq!(b, Backing::Uring);
+                    drive(&mut s, 20, |s| s.write(20, h, 3, &[]))
+                }
+            };
+            assert_eq!(n, Ok(200_000), "{b:?}");
+            let file = std::fs::read(dir.0.join("f")).unwrap();
+            assert_eq!(file.len(), 200_003);
+            assert_eq!(&file[3..], &data[..], "{b:?}");
+            // Written and collected, but the pin is out: the run and slot
+            // stay taken, polls or not; the tag is gone.
+            assert!(!s.tags.contains_key(&20));
+            s.poll(&mut |_| {});
+            assert_eq!(s.free_ops.len(), MAX_OPS - 1);
+            assert_eq!(s.pinned, 1);
+            zc.pins.unpin(&p);
+            s.poll(&mut |_| {});
+            assert_idle(&s);
+            assert_eq!(s.pinned, 0);
+            // The pin comes back before write_pinned (the RDMA Read failed,
+            // or the file went away): slot, run and tag are freed, and a
+            // late write_pinned is refused.
+            assert_eq!(s.pin_write(21, h, 0, 4096, &[7], &mut out), Some(1));
+            zc.pins.unpin(&out[0]);
+            s.poll(&mut |_| {});
+            assert_idle(&s);
+            assert_eq!(
+                s.write_pinned(21, h, 0, 4096),
+                Poll::Ready(Err(StoreError::Io(libc::EINVAL)))
+            );
+            // Cancelled with the pin out: kept until the pin comes back.
+            assert_eq!(s.pin_write(22, h, 0, 4096, &[7], &mut out), Some(1));
+            s.cancel(22);
+            s.poll(&mut |_| {});
+            assert!(s.tags.is_empty());
+            assert_eq!(s.free_ops.len(), MAX_OPS - 1);
+            zc.pins.unpin(&out[0]);
+            s.poll(&mut |_| {});
+            assert_idle(&s);
+            // A pin that comes back for a slot with none out is ignored.
+            zc.pins.unpin(&p);
+            s.poll(&mut |_| {});
+            assert_idle(&s);
+            assert_eq!(s.pinned, 0);
+            // The data went to the file; the slab is free for what follows.
+            assert_eq!(read(&mut s, h, 3, 10).unwrap(), &data[..10]);
+            s.close(h);
+            s.poll(&mut |_| {});
             assert_idle(&s);
         }
     }

@@ -1481,6 +1481,7 @@ impl Store for MemStore {
     /// Only inside the end of file and over mapped blocks (module docs).
     fn pin_write(
         &mut self,
+        _tag: Tag,
         h: Handle,
         offset: u64,
         len: u32,
@@ -1495,16 +1496,19 @@ impl Store for MemStore {
         self.shared.pin_range(node, offset, len, lkeys, out, false)
     }
 
-    fn write_pinned(&mut self, h: Handle, offset: u64, len: u32) -> Result<u32, StoreError> {
-        let node = self.opens.get(h)?;
-        let end = offset
-            .checked_add(u64::from(len))
-            .ok_or(StoreError::Io(libc::EINVAL))?;
+    fn write_pinned(&mut self, _tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<u32> {
+        let node = match self.opens.get(h) {
+            Ok(n) => n,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let Some(end) = offset.checked_add(u64::from(len)) else {
+            return Poll::Ready(Err(StoreError::Io(libc::EINVAL)));
+        };
         // Inside the end of file when pinned; a truncation since then is
         // undone the way a copied write after it would be.
         node.size.fetch_max(end, Ordering::AcqRel);
         node.touch();
-        Ok(len)
+        Poll::Ready(Ok(len))
     }
 }
 
@@ -2358,19 +2362,19 @@ mod tests {
         let mut out = no_pieces();
         // Past the end of file, or over the hole of block 1: staged.
         assert_eq!(
-            s.pin_write(h, 2 * BLOCK_SIZE + 50, 100, &keys, &mut out),
+            s.pin_write(1, h, 2 * BLOCK_SIZE + 50, 100, &keys, &mut out),
             None
         );
-        assert_eq!(s.pin_write(h, 9_000, 60_000, &keys, &mut out), None);
-        assert_eq!(s.pin_write(h, BLOCK_SIZE, 10, &keys, &mut out), None);
+        assert_eq!(s.pin_write(1, h, 9_000, 60_000, &keys, &mut out), None);
+        assert_eq!(s.pin_write(1, h, BLOCK_SIZE, 10, &keys, &mut out), None);
         // Inside the first block: in place.
-        let n = s.pin_write(h, 100, 5_000, &keys, &mut out).unwrap();
+        let n = s.pin_write(1, h, 100, 5_000, &keys, &mut out).unwrap();
         assert_eq!(n, 1);
         assert_eq!(out[0].sge.lkey, DATA_KEY);
         // What an RDMA Read does: fill the piece.
         // SAFETY: a pinned piece of the store's memory, 5,000 bytes.
         unsafe { ptr::write_bytes(out[0].sge.addr as *mut u8, 9, 5_000) };
-        assert_eq!(s.write_pinned(h, 100, 5_000), Ok(5_000));
+        assert_eq!(s.write_pinned(1, h, 100, 5_000), Poll::Ready(Ok(5_000)));
         unpin_all(&s, &out[..n]);
         let back = read(&mut s, h, 0, 10_000);
         assert!(back[..100].iter().all(|&x| x == 1));

@@ -1089,10 +1089,14 @@ impl Core {
                     &zc.lkeys,
                     &mut zc.pieces,
                 ),
-                RdmaKind::Read => {
-                    self.store
-                        .pin_write(p.handle, p.file_offset, p.len, &zc.lkeys, &mut zc.pieces)
-                }
+                RdmaKind::Read => self.store.pin_write(
+                    tag,
+                    p.handle,
+                    p.file_offset,
+                    p.len,
+                    &zc.lkeys,
+                    &mut zc.pieces,
+                ),
             };
             if let Some(n) = pinned {
                 let pieces = &zc.pieces[..n];
@@ -2264,8 +2268,8 @@ impl Core {
             return Ok(());
         };
         let written = if done.zero_copy {
-            // The RDMA Read placed the data in the file's blocks.
-            Poll::Ready(self.store.write_pinned(handle, offset, done.len))
+            // The RDMA Read placed the data in the store's pinned memory.
+            self.store.write_pinned(tag, handle, offset, done.len)
         } else {
             self.store.write(tag, handle, offset, done.data)
         };
@@ -2478,20 +2482,20 @@ impl UpperLayer for Smb2Server {
             match (done.kind, handle) {
                 (RdmaKind::Write, _) => ex.rdma = Some(Ok(done.len)),
                 (RdmaKind::Read, None) => ex.rdma = Some(Err(STATUS_FILE_CLOSED)),
-                (RdmaKind::Read, Some(h)) if done.zero_copy => {
-                    ex.rdma = Some(
-                        core.store
-                            .write_pinned(h, offset, done.len)
-                            .map_err(|e| e.status()),
-                    )
-                }
-                (RdmaKind::Read, Some(h)) => match core.store.write(tag, h, offset, done.data) {
-                    Poll::Pending => {
-                        ex.rdma_store = true;
-                        return Ok(());
+                (RdmaKind::Read, Some(h)) => {
+                    let written = if done.zero_copy {
+                        core.store.write_pinned(tag, h, offset, done.len)
+                    } else {
+                        core.store.write(tag, h, offset, done.data)
+                    };
+                    match written {
+                        Poll::Pending => {
+                            ex.rdma_store = true;
+                            return Ok(());
+                        }
+                        Poll::Ready(r) => ex.rdma = Some(r.map_err(|e| e.status())),
                     }
-                    Poll::Ready(r) => ex.rdma = Some(r.map_err(|e| e.status())),
-                },
+                }
             }
             ex.ready = true;
             core.wakes.push_back((conn, tag));

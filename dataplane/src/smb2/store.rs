@@ -386,13 +386,18 @@ pub trait Store: Send + 'static {
         None
     }
 
-    /// Zero-copy WRITE: pinned pieces of the file's memory the `len` bytes
-    /// at `offset` go to, for an RDMA Read to fill in place; complete the
-    /// write with [`Store::write_pinned`] once the data is there. None when
-    /// the store cannot write this range in place (then nothing is pinned
-    /// and the caller stages the data and calls [`Store::write`]).
+    /// Zero-copy WRITE: pinned pieces of memory the `len` bytes at
+    /// `offset` go to (the file's own blocks, or a staging run the store
+    /// writes to the file from), for an RDMA Read to fill in place;
+    /// complete the write with [`Store::write_pinned`] and this tag once
+    /// the data is there. None when the store cannot write this range in
+    /// place (then nothing is pinned and the caller stages the data and
+    /// calls [`Store::write`]). The pieces stay the store's until their
+    /// pins come back ([`crate::zerocopy::Pins`]), whether or not
+    /// `write_pinned` was called (a failed transfer, a closed file).
     fn pin_write(
         &mut self,
+        _tag: Tag,
         _h: Handle,
         _offset: u64,
         _len: u32,
@@ -403,10 +408,13 @@ pub trait Store: Send + 'static {
     }
 
     /// Completes a WRITE whose data an RDMA Read placed in the pieces
-    /// [`Store::pin_write`] returned (end of file, times); returns the
-    /// bytes written.
-    fn write_pinned(&mut self, _h: Handle, _offset: u64, _len: u32) -> Result<u32, StoreError> {
-        Err(StoreError::Io(libc::EINVAL))
+    /// [`Store::pin_write`] returned for `tag` (writes the staging run out,
+    /// or sets the end of file and times); returns the bytes written. A
+    /// `Pending` result is collected as [`Store::write`]'s is: a repeated
+    /// `write` with this tag (its data ignored) after the tag was reported
+    /// by [`Store::poll`].
+    fn write_pinned(&mut self, _tag: Tag, _h: Handle, _offset: u64, _len: u32) -> Poll<u32> {
+        Poll::Ready(Err(StoreError::Io(libc::EINVAL)))
     }
 }
 
