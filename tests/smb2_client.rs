@@ -644,6 +644,91 @@ fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A directory store takes each RDMA-channel WRITE's data straight into a
+/// staging run (zero-copy) and writes it out from there: synchronously on
+/// tmpfs, through io_uring on a disk file system. Many more pipelined
+/// RDMA WRITEs than the store has operation slots (512), then one larger
+/// than a staging chunk at an odd offset: the file holds exactly what was
+/// written (read back through SMB2 and from the file itself), and the
+/// daemon exits clean.
+#[test]
+fn pipelined_rdma_writes_to_a_directory_store_land_from_their_staging_runs() {
+    let _serial = serial();
+    let mut dirs = vec![(std::env::temp_dir(), "io_uring")];
+    // SAFETY: zeroed statfs is valid; a NUL-terminated path, an out-pointer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c"/dev/shm".as_ptr(), &mut st) } == 0
+        && st.f_type as i64 == 0x0102_1994
+    {
+        dirs.push((std::path::PathBuf::from("/dev/shm"), "synchronous (tmpfs)"));
+    } else {
+        eprintln!("/dev/shm is not a tmpfs here: only the io_uring case runs");
+    }
+    for (base, path) in dirs {
+        let dir = base.join(format!("smbdirectd-client-zcw-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut env = Env::start_serving(
+            SoftConfig::default(),
+            &["--upper", "smb2", "--store", dir.to_str().unwrap()],
+        );
+        let mut c = env.session(Dialect::SMB_3_1_1);
+        const BLOCKS: usize = 64;
+        let fid = create(&mut c, "zw.bin");
+        let bufs: Vec<IoBuf> = (0..QD).map(|_| c.alloc_io_buf(IO).unwrap()).collect();
+        let block = |i: usize| (i * 29) % BLOCKS;
+        let data = |i: usize| pattern(IO, 500 + i as u64);
+        let total = 2_000;
+        // Writes i and i + 64 go to one block; at most QD (32) are in
+        // flight, so the later one starts after the earlier finished.
+        pipeline(
+            &mut c,
+            &bufs,
+            total,
+            |c, i, b| {
+                c.io_buf_mut(b).unwrap().copy_from_slice(&data(i));
+                c.submit_write(
+                    fid,
+                    (block(i) * IO) as u64,
+                    IO as u32,
+                    b,
+                    Transfer::Rdma {
+                        descriptors: 1,
+                        invalidate: i % 2 == 0,
+                    },
+                )
+            },
+            |_, i, n, _| assert_eq!(n as usize, IO, "{path}: write {i}"),
+        );
+        let mut want = vec![0u8; BLOCKS * IO];
+        for i in 0..total {
+            let off = block(i) * IO;
+            want[off..off + IO].copy_from_slice(&data(i));
+        }
+        // Larger than a staging chunk (64 KiB), at an odd offset, across
+        // the end of the file.
+        let big = pattern(300_000, 77);
+        let t = Transfer::Rdma {
+            descriptors: 2,
+            invalidate: false,
+        };
+        assert_eq!(c.write(fid, 250_001, &big, t).unwrap() as usize, big.len());
+        want.resize(250_001, 0);
+        want.extend_from_slice(&big);
+        let back = c.read(fid, 0, want.len() as u32, t).unwrap();
+        assert!(back == want, "{path}: the file read back differs");
+        for b in bufs {
+            c.free_io_buf(b).unwrap();
+        }
+        c.close(fid).unwrap();
+        env.done(c);
+        env.stop();
+        let on_disk = std::fs::read(dir.join("zw.bin")).unwrap();
+        assert!(on_disk == want, "{path}: the file on disk differs");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 fn server_errors_surface_as_status_and_non_qos_ioctl_is_not_supported() {
     let _serial = serial();
