@@ -150,7 +150,15 @@
 //!   delete-pending file has already truncated it by then, and a Create
 //!   of its name is `Exists`). Unmarking clears the marks of this worker's
 //!   opens only. Creations inside a marked directory are not refused: its
-//!   unlink then fails (ENOTEMPTY) and it stays.
+//!   unlink then fails (ENOTEMPTY) and it stays. The CLOSE is answered
+//!   before the unlink finishes, so a CREATE of the same file right after
+//!   it (`rm f; touch f`) that finds the file still there waits for this
+//!   worker's unlink and opens again (creating a new file, or NotFound),
+//!   instead of answering DeletePending for a file the client already
+//!   deleted; and a CREATE whose freshly opened file has lost its last
+//!   link by the time it finishes (`fstat(2)`: unlinked meanwhile, here or
+//!   from outside) opens again rather than return a handle to a nameless
+//!   file.
 //! - When a path no longer names the file (renamed through another worker,
 //!   or outside the server), the STATX check fails and the current path is
 //!   read back from `/proc/self/fd` (`readlink(2)`, synchronous, served
@@ -684,6 +692,11 @@ struct OpenOp {
     direct_fd: RawFd,
     parent_fd: RawFd,
     retries: u8,
+    /// The step the CREATE started with (where it starts again).
+    first: Step,
+    /// Waiting for this worker's unlink of that file to finish before it
+    /// opens again (see [`DirStore::park_behind_unlink`]).
+    after_unlink: Option<FileKey>,
 }
 
 /// What a slot's operation is.
@@ -1012,6 +1025,9 @@ pub struct DirStore {
     pins: Arc<StagePins>,
     /// Slots whose `pin_out` is set.
     pinned: usize,
+    /// CREATEs waiting for an unlink of their file to finish
+    /// ([`DirStore::park_behind_unlink`]).
+    parked: usize,
     /// Operations whose CQE is due (cancelled ones included).
     in_flight: usize,
     /// Fire-and-forget closes whose CQE is due.
@@ -1075,6 +1091,7 @@ impl DirStore {
             staging: ManuallyDrop::new(Staging::new(f.staging)?),
             pins: Arc::new(StagePins::new()),
             pinned: 0,
+            parked: 0,
             in_flight: 0,
             closes: 0,
             pending: Arc::clone(&f.pending),
@@ -1250,6 +1267,9 @@ impl DirStore {
             | Kind::WritePinned { stage, .. }
             | Kind::Pinned { stage } => self.staging.free(stage),
             Kind::Open(op) => {
+                if op.after_unlink.is_some() {
+                    self.parked -= 1;
+                }
                 self.close_fd(op.fd);
                 self.close_fd(op.direct_fd);
                 self.close_fd(op.parent_fd);
@@ -1519,6 +1539,8 @@ impl DirStore {
             if let Some(r) = res {
                 match self.open_transition(slot, r) {
                     Ok(true) => {}
+                    Ok(false) if self.park_behind_unlink(slot) => return None,
+                    Ok(false) if self.reopen_if_unlinked(slot) => {}
                     Ok(false) => return Some(self.open_finish(slot)),
                     Err(e) => return Some(Err(self.open_fail(slot, e))),
                 }
@@ -1668,6 +1690,115 @@ impl DirStore {
         Ok(true)
     }
 
+    /// The file a CREATE opened is marked for deletion and this worker is
+    /// unlinking it now (its last handle was closed with delete-on-close:
+    /// the CLOSE was answered, the unlink runs in the background): to the
+    /// client the file is already gone, so the CREATE closes what it
+    /// opened and starts again once the unlink has finished
+    /// ([`DirStore::resume_parked`]), instead of answering
+    /// STATUS_DELETE_PENDING for a file it just deleted (`rm f; touch f`).
+    /// Files only (directories and a file still open elsewhere keep
+    /// DeletePending); at most [`OPEN_RETRIES`] times.
+    fn park_behind_unlink(&mut self, slot: usize) -> bool {
+        let key = key_of(&self.ops[slot].statx);
+        if !self.pending.contains(key) || !self.unlinking(key) {
+            return false;
+        }
+        let op = self.open_op(slot);
+        if op.directory || !Self::may_restart(op) {
+            return false;
+        }
+        op.after_unlink = Some(key);
+        self.restart_open(slot);
+        self.parked += 1;
+        true
+    }
+
+    /// The object a CREATE opened was unlinked since (its last link is
+    /// gone: deleted on close by this worker a moment ago, or from
+    /// outside): open again, as if the CREATE had come a moment later
+    /// (the name is free, or names another file), rather than answer
+    /// with a handle to a file that no longer has a name. `fstat(2)` of
+    /// the descriptor just opened: the inode is in memory, nothing waits
+    /// on a device.
+    fn reopen_if_unlinked(&mut self, slot: usize) -> bool {
+        let op = self.open_op(slot);
+        if !Self::may_restart(op) || op.fd < 0 {
+            return false;
+        }
+        // SAFETY: zeroed `stat` is valid; an open descriptor of ours and
+        // an out-pointer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(op.fd, &mut st) } < 0 || st.st_nlink > 0 {
+            return false;
+        }
+        self.restart_open(slot);
+        true
+    }
+
+    /// Whether the CREATE may start again from its first step (a plain
+    /// open through the ring, retries left).
+    fn may_restart(op: &OpenOp) -> bool {
+        op.retries < OPEN_RETRIES && matches!(op.first, Step::Main(_))
+    }
+
+    /// Closes what the CREATE opened and takes it back to its first step.
+    fn restart_open(&mut self, slot: usize) {
+        let op = self.open_op(slot);
+        op.retries += 1;
+        op.step = op.first;
+        op.action = match op.first {
+            Step::Main(Mode::CreateExcl) => Action::Created,
+            Step::Main(Mode::Truncate) => Action::Overwritten,
+            _ => Action::Opened,
+        };
+        let fds = [op.fd, op.direct_fd, op.parent_fd];
+        (op.fd, op.direct_fd, op.parent_fd) = (-1, -1, -1);
+        for fd in fds {
+            self.close_fd(fd);
+        }
+    }
+
+    /// Whether this worker is unlinking the file `key` (a delete-on-close
+    /// unlink in a slot).
+    fn unlinking(&self, key: FileKey) -> bool {
+        self.ops.iter().any(|s| {
+            matches!(&s.kind, Kind::Path(op) if op.key == key
+                && matches!(op.act, PathAct::Unlink { .. }))
+        })
+    }
+
+    /// Starts again the CREATEs parked behind an unlink that has finished,
+    /// reporting those that end at once.
+    fn resume_parked(&mut self, done: &mut dyn FnMut(Tag)) {
+        for slot in 0..self.ops.len() {
+            let key = match &self.ops[slot].kind {
+                Kind::Open(op) if !self.ops[slot].awaiting => match op.after_unlink {
+                    Some(key) => key,
+                    None => continue,
+                },
+                _ => continue,
+            };
+            if self.unlinking(key) {
+                continue;
+            }
+            self.open_op(slot).after_unlink = None;
+            self.parked -= 1;
+            let result = match self.open_submit(slot) {
+                Ok(None) => None,
+                Ok(Some(r)) => self.open_advance(slot, r),
+                Err(e) => Some(Err(self.open_fail(slot, e))),
+            };
+            if let Some(r) = result {
+                self.ops[slot].result = Some(r);
+                done(self.ops[slot].tag);
+            }
+            if self.parked == 0 {
+                return;
+            }
+        }
+    }
+
     /// The object is open and STATX'd: check its type, make the handle.
     fn open_finish(&mut self, slot: usize) -> Result<Out, StoreError> {
         let info = info_from_statx(&self.ops[slot].statx);
@@ -1773,6 +1904,8 @@ impl DirStore {
             direct_fd: -1,
             parent_fd: -1,
             retries: 0,
+            first: step,
+            after_unlink: None,
         };
         let slot = self.alloc_slot(tag, Kind::Open(Box::new(op)))?;
         let first = match self.open_submit(slot) {
@@ -2215,13 +2348,16 @@ impl Store for DirStore {
             self.reclaim_unpinned();
         }
         self.start_deferred();
-        if self.in_flight == 0 && self.closes == 0 {
+        if self.in_flight == 0 && self.closes == 0 && self.parked == 0 {
             return;
         }
         if !self.ring.submission().is_empty() {
             let _ = self.ring.submit();
         }
         self.reap(done);
+        if self.parked > 0 {
+            self.resume_parked(done);
+        }
     }
 
     /// The result is dropped when the CQE arrives; the staging run (the
@@ -2242,7 +2378,7 @@ impl Store for DirStore {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.in_flight + self.parked
     }
 
     /// Bytes used on the file system holding the root (statvfs), unbounded.
@@ -4253,6 +4389,44 @@ mod tests {
             s.close(h);
             s.poll(&mut |_| {});
             assert_idle(&s);
+        }
+    }
+
+    /// `rm f; touch f` through a client: the CLOSE of a delete-on-close
+    /// file is answered while its unlink still runs, and the next CREATE
+    /// of the name must not find it "delete pending": it waits for the
+    /// unlink and creates a new file (or, for Open, finds none).
+    #[test]
+    fn a_create_right_after_a_delete_on_close_waits_for_the_unlink() {
+        for b in [Backing::Uring, Backing::Memory] {
+            if b == Backing::Memory && !shm_is_memory() {
+                continue;
+            }
+            let dir = TempDir::new(b, "recreate");
+            let mut s = store(&dir, false);
+            for round in 0..50 {
+                let (h, _) = open(&mut s, "f", Disposition::OpenIf).unwrap();
+                write(&mut s, h, 0, b"old contents").unwrap();
+                s.set_delete_on_close(h, true).unwrap();
+                s.close(h);
+                // No poll between: the unlink has only been started.
+                let (h, action, info) = open_req(&mut s, &req("f", Disposition::OpenIf))
+                    .unwrap_or_else(|e| panic!("{b:?} round {round}: {e:?}"));
+                assert_eq!(action, Action::Created, "{b:?} round {round}");
+                assert_eq!(info.size, 0, "{b:?} round {round}");
+                assert!(!info.delete_pending);
+                s.set_delete_on_close(h, true).unwrap();
+                s.close(h);
+                assert_eq!(
+                    open(&mut s, "f", Disposition::Open),
+                    Err(StoreError::NotFound),
+                    "{b:?} round {round}"
+                );
+            }
+            settle(&mut s);
+            assert_idle(&s);
+            assert_eq!(s.parked, 0);
+            assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 0);
         }
     }
 
