@@ -152,8 +152,9 @@
 //!   opens only. Creations inside a marked directory are not refused: its
 //!   unlink then fails (ENOTEMPTY) and it stays. The CLOSE is answered
 //!   before the unlink finishes, so a CREATE of the same file right after
-//!   it (`rm f; touch f`) that finds the file still there waits for this
-//!   worker's unlink and opens again (creating a new file, or NotFound),
+//!   it (`rm f; touch f`) that finds the file still there (or, for a
+//!   Create, its name taken) waits for this worker's unlink and opens
+//!   again (creating a new file, or NotFound),
 //!   instead of answering DeletePending for a file the client already
 //!   deleted; and a CREATE whose freshly opened file has lost its last
 //!   link by the time it finishes (`fstat(2)`: unlinked meanwhile, here or
@@ -1542,6 +1543,8 @@ impl DirStore {
                     Ok(false) if self.park_behind_unlink(slot) => return None,
                     Ok(false) if self.reopen_if_unlinked(slot) => {}
                     Ok(false) => return Some(self.open_finish(slot)),
+                    // Create (O_EXCL) of a name this worker is unlinking.
+                    Err(StoreError::Exists) if self.park_create_behind_unlink(slot) => return None,
                     Err(e) => return Some(Err(self.open_fail(slot, e))),
                 }
             }
@@ -1757,6 +1760,32 @@ impl DirStore {
         for fd in fds {
             self.close_fd(fd);
         }
+    }
+
+    /// [`DirStore::park_behind_unlink`] for a Create (`O_EXCL`) that found
+    /// the name taken by a file this worker is unlinking (by its share
+    /// path: the CREATE opened nothing to compare).
+    fn park_create_behind_unlink(&mut self, slot: usize) -> bool {
+        let op = match &self.ops[slot].kind {
+            Kind::Open(op) => op,
+            _ => return false,
+        };
+        if op.directory || op.disposition != Disposition::Create || !Self::may_restart(op) {
+            return false;
+        }
+        let key = self.ops.iter().find_map(|s| match &s.kind {
+            Kind::Path(p) if matches!(p.act, PathAct::Unlink { .. }) && p.path == op.share_path => {
+                Some(p.key)
+            }
+            _ => None,
+        });
+        let Some(key) = key else {
+            return false;
+        };
+        self.open_op(slot).after_unlink = Some(key);
+        self.restart_open(slot);
+        self.parked += 1;
+        true
     }
 
     /// Whether this worker is unlinking the file `key` (a delete-on-close
@@ -4394,8 +4423,9 @@ mod tests {
 
     /// `rm f; touch f` through a client: the CLOSE of a delete-on-close
     /// file is answered while its unlink still runs, and the next CREATE
-    /// of the name must not find it "delete pending": it waits for the
-    /// unlink and creates a new file (or, for Open, finds none).
+    /// of the name (OpenIf, or Create, which finds the name taken) must
+    /// not find it "delete pending" or existing: it waits for the unlink
+    /// and creates a new file (or, for Open, finds none).
     #[test]
     fn a_create_right_after_a_delete_on_close_waits_for_the_unlink() {
         for b in [Backing::Uring, Backing::Memory] {
@@ -4410,8 +4440,13 @@ mod tests {
                 s.set_delete_on_close(h, true).unwrap();
                 s.close(h);
                 // No poll between: the unlink has only been started.
-                let (h, action, info) = open_req(&mut s, &req("f", Disposition::OpenIf))
-                    .unwrap_or_else(|e| panic!("{b:?} round {round}: {e:?}"));
+                let d = if round % 2 == 0 {
+                    Disposition::OpenIf
+                } else {
+                    Disposition::Create
+                };
+                let (h, action, info) = open_req(&mut s, &req("f", d))
+                    .unwrap_or_else(|e| panic!("{b:?} round {round} ({d:?}): {e:?}"));
                 assert_eq!(action, Action::Created, "{b:?} round {round}");
                 assert_eq!(info.size, 0, "{b:?} round {round}");
                 assert!(!info.delete_pending);
