@@ -573,6 +573,15 @@ fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
     env.stop();
 }
 
+/// Whether /dev/shm is a tmpfs (where a directory store reads and writes
+/// synchronously).
+fn shm_is_tmpfs() -> bool {
+    // SAFETY: zeroed statfs is valid; a NUL-terminated path, an out-pointer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::statfs(c"/dev/shm".as_ptr(), &mut st) } == 0;
+    ok && st.f_type as i64 == 0x0102_1994 // TMPFS_MAGIC
+}
+
 /// A directory store on tmpfs reads synchronously and sends each READ's
 /// data from its staging run (zero-copy): many more pipelined RDMA READs
 /// than the store has operation slots (512) all come back with the right
@@ -581,11 +590,7 @@ fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
 fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
     let _serial = serial();
     let shm = std::path::Path::new("/dev/shm");
-    // SAFETY: zeroed statfs is valid; a NUL-terminated path, an out-pointer.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let tmpfs = unsafe { libc::statfs(c"/dev/shm".as_ptr(), &mut st) } == 0
-        && st.f_type as i64 == 0x0102_1994; // TMPFS_MAGIC
-    if !tmpfs {
+    if !shm_is_tmpfs() {
         eprintln!("skipped: /dev/shm is not a tmpfs here");
         return;
     }
@@ -655,11 +660,7 @@ fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
 fn pipelined_rdma_writes_to_a_directory_store_land_from_their_staging_runs() {
     let _serial = serial();
     let mut dirs = vec![(std::env::temp_dir(), "io_uring")];
-    // SAFETY: zeroed statfs is valid; a NUL-terminated path, an out-pointer.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c"/dev/shm".as_ptr(), &mut st) } == 0
-        && st.f_type as i64 == 0x0102_1994
-    {
+    if shm_is_tmpfs() {
         dirs.push((std::path::PathBuf::from("/dev/shm"), "synchronous (tmpfs)"));
     } else {
         eprintln!("/dev/shm is not a tmpfs here: only the io_uring case runs");

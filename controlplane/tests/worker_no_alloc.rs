@@ -397,31 +397,33 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
 
 // ---- the SMB2 + QoS I/O path -------------------------------------------------
 
-#[test]
-fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
-    let _one_at_a_time = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
-    use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
+/// A server with the SMB2 upper layer over a 64 MiB memory store (one
+/// worker, [`server_config`]) and an anonymous SMB 3.1.1 client of it with
+/// a registered pool of `client_pool` bytes, tree-connected to `data`.
+/// The provider and the client's pool are returned to outlive the client.
+fn smb2_session(
+    client_pool: usize,
+) -> (
+    Arc<SoftProvider>,
+    smbdirect_hugepages::BufferPool,
+    smbdirect_controlplane::RunningServer,
+    smbdirect_dataplane::smb2::client::Smb2Client<SoftProvider>,
+) {
+    use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions};
     use smbdirect_dataplane::smb2::store::{MemStoreFactory, StoreFactory};
     use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
-    use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
-    use smbdirect_protocol::sqos::{
-        Dialect as QosDialect, Guid, Options, StorageQosControlRequestRepr,
-        FSCTL_STORAGE_QOS_CONTROL,
-    };
-    const QD: usize = 8;
-    const ROUNDS: usize = 1_500;
-
+    use smbdirect_protocol::smb2::Dialect;
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
     let store = Arc::new(MemStoreFactory::new(64 << 20).expect("memory store"));
     let server = start(provider.clone(), server_config(), move || {
         Smb2Server::new(Smb2Config::default(), store.handle(0))
     })
     .expect("server starts");
-    let cpool = PoolConfig::smbdirect(64 << 20, 1, 8192, 1364, 1 << 16)
+    let cpool = PoolConfig::smbdirect(client_pool, 1, 8192, 1364, 1 << 16)
         .backing(Backing::SharedMemfd)
         .build()
         .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in this test.
+    // SAFETY: the pool is returned with the client and outlives it.
     let mr = unsafe { provider.register_pool(&cpool) }.expect("register the client pool");
     let mut c = Smb2Client::connect(
         &*provider,
@@ -436,6 +438,22 @@ fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
     c.negotiate(&[Dialect::SMB_3_1_1]).unwrap();
     c.session_setup_anonymous().unwrap();
     c.tree_connect("data").unwrap();
+    (provider, cpool, server, c)
+}
+
+#[test]
+fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
+    let _one_at_a_time = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+    use smbdirect_dataplane::smb2::client::{Smb2Client, Transfer};
+    use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions};
+    use smbdirect_protocol::sqos::{
+        Dialect as QosDialect, Guid, Options, StorageQosControlRequestRepr,
+        FSCTL_STORAGE_QOS_CONTROL,
+    };
+    const QD: usize = 8;
+    const ROUNDS: usize = 1_500;
+
+    let (_provider, _pool, server, mut c) = smb2_session(64 << 20);
     let open = |c: &mut Smb2Client<SoftProvider>, name: &str| {
         c.create(
             name,
@@ -576,10 +594,8 @@ fn smb2_read_write_and_qos_path_does_not_allocate_once_warmed_up() {
 #[test]
 fn qos_window_reports_of_many_flows_do_not_allocate_on_the_worker() {
     let _one_at_a_time = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
-    use smbdirect_dataplane::smb2::client::{Smb2Client, Smb2ClientOptions, Transfer};
-    use smbdirect_dataplane::smb2::store::{MemStoreFactory, StoreFactory};
-    use smbdirect_dataplane::smb2::{Smb2Config, Smb2Server};
-    use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions, Dialect};
+    use smbdirect_dataplane::smb2::client::{Smb2Client, Transfer};
+    use smbdirect_protocol::smb2::{CreateDisposition, CreateOptions};
     use smbdirect_protocol::sqos::{
         Dialect as QosDialect, Guid, Options, StorageQosControlRequestRepr,
         FSCTL_STORAGE_QOS_CONTROL,
@@ -587,31 +603,7 @@ fn qos_window_reports_of_many_flows_do_not_allocate_on_the_worker() {
     // More than the worker's event queue (256) and ten times the ring.
     const FLOWS: u32 = 300;
 
-    let provider = Arc::new(SoftProvider::new().expect("soft provider"));
-    let store = Arc::new(MemStoreFactory::new(64 << 20).expect("memory store"));
-    let server = start(provider.clone(), server_config(), move || {
-        Smb2Server::new(Smb2Config::default(), store.handle(0))
-    })
-    .expect("server starts");
-    let cpool = PoolConfig::smbdirect(16 << 20, 1, 8192, 1364, 1 << 16)
-        .backing(Backing::SharedMemfd)
-        .build()
-        .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in this test.
-    let mr = unsafe { provider.register_pool(&cpool) }.expect("register the client pool");
-    let mut c = Smb2Client::connect(
-        &*provider,
-        server.local_addr(),
-        smbd(),
-        cpool.claim_slice(0).unwrap(),
-        mr,
-        Duration::from_secs(5),
-        Smb2ClientOptions::default(),
-    )
-    .expect("connect");
-    c.negotiate(&[Dialect::SMB_3_1_1]).unwrap();
-    c.session_setup_anonymous().unwrap();
-    c.tree_connect("data").unwrap();
+    let (_provider, _pool, server, mut c) = smb2_session(16 << 20);
     let f = c
         .create(
             "data.bin",

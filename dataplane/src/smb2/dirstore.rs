@@ -3354,6 +3354,14 @@ mod tests {
 
     /// Whether /dev/shm is a memory file system here (else the Memory
     /// variants say they are skipped and pass).
+    /// io_uring, and the synchronous path where /dev/shm is a memory file
+    /// system (said when it is not).
+    fn both_paths() -> impl Iterator<Item = Backing> {
+        [Backing::Uring, Backing::Memory]
+            .into_iter()
+            .filter(|&b| b == Backing::Uring || shm_is_memory())
+    }
+
     fn shm_is_memory() -> bool {
         let c = CString::new(SHM).unwrap();
         // SAFETY: zeroed statfs is valid; a valid path and out-pointer.
@@ -4244,10 +4252,7 @@ mod tests {
 
     #[test]
     fn zero_copy_reads_keep_their_staging_run_until_unpinned() {
-        for b in [Backing::Uring, Backing::Memory] {
-            if b == Backing::Memory && !shm_is_memory() {
-                continue;
-            }
+        for b in both_paths() {
             let dir = TempDir::new(b, "zero-copy");
             let mut s = store(&dir, false);
             let zc = s.zero_copy().expect("the staging slab is offered");
@@ -4325,10 +4330,7 @@ mod tests {
 
     #[test]
     fn zero_copy_writes_go_out_from_their_staging_run_which_stays_pinned_until_unpinned() {
-        for b in [Backing::Uring, Backing::Memory] {
-            if b == Backing::Memory && !shm_is_memory() {
-                continue;
-            }
+        for b in both_paths() {
             let dir = TempDir::new(b, "zero-copy-write");
             let mut s = store(&dir, false);
             let zc = s.zero_copy().expect("the staging slab is offered");
@@ -4428,10 +4430,7 @@ mod tests {
     /// and creates a new file (or, for Open, finds none).
     #[test]
     fn a_create_right_after_a_delete_on_close_waits_for_the_unlink() {
-        for b in [Backing::Uring, Backing::Memory] {
-            if b == Backing::Memory && !shm_is_memory() {
-                continue;
-            }
+        for b in both_paths() {
             let dir = TempDir::new(b, "recreate");
             let mut s = store(&dir, false);
             for round in 0..50 {
