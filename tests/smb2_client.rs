@@ -573,6 +573,16 @@ fn pipelined_4k_reads_and_writes_keep_32_requests_outstanding() {
     env.stop();
 }
 
+/// A daemon serving SMB2 from a directory store in `dir` (made anew, empty).
+fn serve_dir_store(dir: &std::path::Path) -> Env {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    Env::start_serving(
+        SoftConfig::default(),
+        &["--upper", "smb2", "--store", dir.to_str().unwrap()],
+    )
+}
+
 /// Whether /dev/shm is a tmpfs (where a directory store reads and writes
 /// synchronously).
 fn shm_is_tmpfs() -> bool {
@@ -595,12 +605,7 @@ fn pipelined_rdma_reads_of_a_tmpfs_directory_store_outlast_its_slots() {
         return;
     }
     let dir = shm.join(format!("smbdirectd-client-zc-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut env = Env::start_serving(
-        SoftConfig::default(),
-        &["--upper", "smb2", "--store", dir.to_str().unwrap()],
-    );
+    let mut env = serve_dir_store(&dir);
     let mut c = env.session(Dialect::SMB_3_1_1);
     const BLOCKS: usize = 64;
     let t = Transfer::Rdma {
@@ -667,12 +672,7 @@ fn pipelined_rdma_writes_to_a_directory_store_land_from_their_staging_runs() {
     }
     for (base, path) in dirs {
         let dir = base.join(format!("smbdirectd-client-zcw-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut env = Env::start_serving(
-            SoftConfig::default(),
-            &["--upper", "smb2", "--store", dir.to_str().unwrap()],
-        );
+        let mut env = serve_dir_store(&dir);
         let mut c = env.session(Dialect::SMB_3_1_1);
         const BLOCKS: usize = 64;
         let fid = create(&mut c, "zw.bin");
