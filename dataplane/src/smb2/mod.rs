@@ -195,6 +195,10 @@ struct Open {
     lane: Lane,
     /// Named in a QoS request: the control plane keeps state for it.
     qos_named: bool,
+    /// The share's default QoS policy applies and the control plane has
+    /// not yet answered with the Open's flow: its READs and WRITEs wait
+    /// ([`Wait::Flow`]) rather than run unlimited until then.
+    flow_pending: bool,
     /// The store's id of the file (FileInternalInformation, lock table key).
     file_id: u64,
     /// The share-relative path it was opened by (FileNameInformation).
@@ -346,6 +350,9 @@ enum Wait {
     Ioctl,
     /// Its RDMA transfer (a request not last in its compound).
     Rdma,
+    /// The control plane's flow for its Open, under the share's default
+    /// QoS policy (`Open::flow_pending`).
+    Flow,
 }
 
 /// The progress of one message: which request runs next and what the
@@ -1599,6 +1606,7 @@ impl Core {
                         flow: None,
                         lane: Lane::EMPTY,
                         qos_named: default_flow,
+                        flow_pending: default_flow,
                         file_id: info.file_id,
                         path: name.clone(),
                         dir: None,
@@ -1796,6 +1804,9 @@ impl Core {
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
                 }
+                if o.flow_pending {
+                    return Ok(Step::Hold(Wait::Flow));
+                }
                 let (handle, flow, lane) = (o.handle, o.flow, &mut o.lane);
                 self.prefetch_flow(flow, lane, u64::from(r.length));
                 if !charge_ok(req, r.length) {
@@ -1870,6 +1881,9 @@ impl Core {
                 let (fid, o) = Self::lookup_mut(c, r.file_id, &ex.chain, related)?;
                 if o.is_dir {
                     return Err(STATUS_INVALID_DEVICE_REQUEST);
+                }
+                if o.flow_pending {
+                    return Ok(Step::Hold(Wait::Flow));
                 }
                 let (handle, flow, lane) = (o.handle, o.flow, &mut o.lane);
                 let len = (r.data.len() as u64).max(u64::from(r.remaining_bytes));
@@ -2533,6 +2547,7 @@ impl UpperLayer for Smb2Server {
                 // The control plane drops the connection's QoS state itself.
                 let o = Open {
                     qos_named: false,
+                    flow_pending: false,
                     ..o
                 };
                 core.close_open(conn, o);
@@ -2725,6 +2740,16 @@ impl UpperLayer for Smb2Server {
                     .and_then(|c| c.opens.get_mut(&open))
                 {
                     core.assign(o, flow);
+                    if std::mem::take(&mut o.flow_pending) {
+                        // Its READs and WRITEs that waited for the flow run
+                        // now (those of other pending Opens wait again).
+                        for (&t, ex) in core.execs.iter_mut() {
+                            if ex.conn == conn && ex.wait == Some(Wait::Flow) && !ex.ready {
+                                ex.ready = true;
+                                core.wakes.push_back((conn, t));
+                            }
+                        }
+                    }
                 }
                 let Some(ex) = core.execs.get_mut(&token) else {
                     return;
