@@ -1029,6 +1029,9 @@ pub struct DirStore {
     /// CREATEs waiting for an unlink of their file to finish
     /// ([`DirStore::park_behind_unlink`]).
     parked: usize,
+    /// An unlink ended since the parked CREATEs were last looked at: they
+    /// are looked at (a walk of the slots) only then, not at every poll.
+    unlink_ended: bool,
     /// Operations whose CQE is due (cancelled ones included).
     in_flight: usize,
     /// Fire-and-forget closes whose CQE is due.
@@ -1093,6 +1096,7 @@ impl DirStore {
             pins: Arc::new(StagePins::new()),
             pinned: 0,
             parked: 0,
+            unlink_ended: false,
             in_flight: 0,
             closes: 0,
             pending: Arc::clone(&f.pending),
@@ -1283,6 +1287,7 @@ impl DirStore {
                     self.close_fd(fd);
                     self.close_fd(direct_fd);
                     self.pending.remove(op.key);
+                    self.unlink_ended = true;
                 }
             }
             _ => {}
@@ -2384,7 +2389,7 @@ impl Store for DirStore {
             let _ = self.ring.submit();
         }
         self.reap(done);
-        if self.parked > 0 {
+        if self.parked > 0 && std::mem::take(&mut self.unlink_ended) {
             self.resume_parked(done);
         }
     }
