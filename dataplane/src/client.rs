@@ -340,15 +340,18 @@ impl<P: Provider> Client<P> {
             let _ = self.alloc.free(id);
             return Err(ClientError::PoolExhausted);
         }
-        let queued = if room > 0 {
-            self.ep
-                .send_with_header_room(id, room as u32, msg.len() as u32, None)
-        } else {
-            self.ep.send(id, msg.len() as u32)
-        };
-        if let Err(e) = queued {
-            let _ = self.alloc.free(id);
-            return Err(ClientError::Send(e));
+        // Posted at once when nothing waits to go before it, else queued.
+        let len = msg.len() as u32;
+        match self
+            .ep
+            .send_now(&mut self.alloc, id, room as u32, len, None, room > 0)
+        {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => {
+                let _ = self.alloc.free(id);
+                return Err(ClientError::Send(e));
+            }
         }
         // The time of the last step: flush needs it only to stamp a
         // keepalive request, which a step would have sent already.

@@ -1741,6 +1741,129 @@ impl<Q: QueuePair> Endpoint<Q> {
         self.conn.send(msg.to_bits(), len, invalidate)
     }
 
+    /// [`Endpoint::send_at`] (or, with `header_room`,
+    /// [`Endpoint::send_with_header_room`]) that posts the message at once
+    /// when nothing else is waiting to go and it is sent whole
+    /// ([`Connection::transmit_now`]): no trip through the send queue and
+    /// [`Endpoint::flush`], the same bytes on the wire. Returns `Ok(true)`
+    /// when posted, `Ok(false)` when queued the usual way (the caller
+    /// flushes, which also reports a provider failure of the post tried
+    /// here), and the queueing error otherwise (the caller keeps `msg`).
+    pub fn send_now(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        msg: BufId,
+        offset: u32,
+        len: u32,
+        invalidate: Option<u32>,
+        header_room: bool,
+    ) -> Result<bool, SendError> {
+        let queue = |ep: &mut Self| {
+            let h = msg.to_bits();
+            if header_room {
+                ep.conn.send_with_header_room(h, offset, len, invalidate)
+            } else {
+                ep.conn.send_at(h, offset, len, invalidate)
+            }
+            .map(|()| false)
+        };
+        if self.failed.is_some()
+            || self.capture.is_some()
+            || self.sq_used() >= self.send_depth
+            || self.rdma.as_ref().is_some_and(|r| !r.pending.is_empty())
+            || msg.to_bits() & (SEND_IN_PLACE | !ID_MASK) != 0
+        {
+            return queue(self);
+        }
+        let room = DATA_TRANSFER_PAYLOAD_OFFSET;
+        let end = offset as usize + len as usize;
+        let Some(mloc) = self.pool.locate(msg).filter(|l| end <= l.len) else {
+            return queue(self);
+        };
+        let mut header = [0u8; DATA_TRANSFER_PAYLOAD_OFFSET];
+        if header_room && self.in_place_sends && offset as usize >= room {
+            // One contiguous Send from the message's own buffer, header in
+            // the room before it (as `flush_in_place`).
+            let mut p = poster!(self, alloc);
+            if self.conn.transmit_now(&mut p, len, &mut header).is_none() {
+                return queue(self);
+            }
+            let start = offset as usize - room;
+            // SAFETY: the message buffer is ours until its Send completes;
+            // the 24 bytes before `offset` are the sender's header room,
+            // inside the buffer (`offset >= room`, `end <= len` checked).
+            unsafe {
+                std::ptr::copy_nonoverlapping(header.as_ptr(), mloc.ptr.as_ptr().add(start), room)
+            };
+            let sges = [self
+                .mr
+                .sge((mloc.offset + start) as u64, (room + len as usize) as u32)];
+            let id = wr_id(KIND_SEND, msg) | SEND_IN_PLACE;
+            return Ok(self.post_now(alloc, &sges, id, invalidate, None, msg));
+        }
+        // The header in a send buffer, the payload gathered from the
+        // message (as `flush`'s general path).
+        let Ok(sbuf) = alloc.alloc(ClassId::SEND) else {
+            return queue(self);
+        };
+        let Some(loc) = self
+            .pool
+            .locate(sbuf)
+            .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
+        else {
+            let _ = alloc.free(sbuf);
+            return queue(self);
+        };
+        let mut p = poster!(self, alloc);
+        if self.conn.transmit_now(&mut p, len, &mut header).is_none() {
+            let _ = alloc.free(sbuf);
+            return queue(self);
+        }
+        // SAFETY: sbuf was just allocated and is exclusively ours; `loc` is
+        // its live location, at least MAX_HEADER_LEN + the stash long.
+        let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
+        out[..room].copy_from_slice(&header);
+        out[RELEASE_STASH..RELEASE_STASH + 8].copy_from_slice(&msg.to_bits().to_le_bytes());
+        let sges = [
+            self.mr.sge(loc.offset as u64, room as u32),
+            self.mr.sge((mloc.offset + offset as usize) as u64, len),
+        ];
+        let id = wr_id(KIND_SEND, sbuf);
+        Ok(self.post_now(alloc, &sges, id, invalidate, Some(sbuf), msg))
+    }
+
+    /// Posts a Send [`Endpoint::send_now`] prepared. On a provider failure
+    /// frees its buffers, fails the endpoint as `flush` does (the caller's
+    /// flush reports it) and returns false.
+    #[inline]
+    fn post_now(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        sges: &[crate::provider::Sge],
+        id: u64,
+        invalidate: Option<u32>,
+        sbuf: Option<BufId>,
+        msg: BufId,
+    ) -> bool {
+        let wr = [SendWr {
+            wr_id: id,
+            op: SendOp::Send { sges, invalidate },
+            signaled: true,
+        }];
+        if self.qp.post_send(&wr).is_err() {
+            if let Some(b) = sbuf {
+                let _ = alloc.free(b);
+            }
+            let _ = alloc.free(msg);
+            self.conn.handle_connection_lost();
+            self.fail(EndpointError::Provider(WcStatus::Flushed));
+            return false;
+        }
+        self.sends_in_flight += 1;
+        self.stats.sends_posted += 1;
+        true
+    }
+
     /// Posts everything the connection wants to transmit. Returns false when
     /// a send buffer was not available (call again after completions).
     pub fn flush(
@@ -2034,6 +2157,8 @@ mod tests {
         /// time, and its SGE count.
         sends: Vec<(Vec<u8>, usize)>,
         broken: bool,
+        /// Every post fails (a queue pair the provider has torn down).
+        refuse_posts: bool,
     }
 
     impl MockQp {
@@ -2048,6 +2173,7 @@ mod tests {
                 chains: Vec::new(),
                 sends: Vec::new(),
                 broken: false,
+                refuse_posts: false,
             }
         }
 
@@ -2091,6 +2217,9 @@ mod tests {
             Ok(())
         }
         fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ProviderError> {
+            if self.refuse_posts {
+                return Err(ProviderError::NotConnected);
+            }
             self.chains.push(wrs.len());
             for wr in wrs {
                 let (read, sges, remote, opcode) = match wr.op {
@@ -2681,6 +2810,100 @@ mod tests {
                 .unwrap();
         }
         assert!(r.pool.locate(id).is_none());
+    }
+
+    #[test]
+    fn send_now_posts_what_queue_and_flush_would_and_every_buffer_returns() {
+        // Twin endpoints in the same state: one sends through `send_now`,
+        // the other queues and flushes. The same bytes go on the wire,
+        // with the same SGE count, and after the completions every buffer
+        // is back on both.
+        let mut a = established_rig();
+        let mut b = established_rig();
+        let free_sends = |r: &Rig| r.pool.class_stats(0, ClassId::SEND).unwrap().free;
+        let drain_completions = |r: &mut Rig| {
+            while let Some(wc) = r.ep.qp_mut().next_completion() {
+                r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                    .unwrap();
+            }
+        };
+        let (sends_a, sends_b) = (free_sends(&a), free_sends(&b));
+        // (header room, offset, len, posted at once): in place behind its
+        // room; from the front of a buffer; at an offset without room (a
+        // reply from its receive buffer); too long for one segment.
+        let cases = [
+            (true, 24, 1000, true),
+            (false, 0, 1000, true),
+            (false, 100, 500, true),
+            (true, 24, 2900, false),
+        ];
+        for (room, offset, len, at_once) in cases {
+            let (ia, msg) = queued_message(&mut a);
+            let (ib, _) = queued_message(&mut b);
+            let posted =
+                a.ep.send_now(&mut a.alloc, ia, offset, len, None, room)
+                    .unwrap();
+            assert_eq!(posted, at_once, "room {room} offset {offset} len {len}");
+            if !posted {
+                a.ep.flush(Instant::ZERO, &mut a.alloc).unwrap();
+            }
+            if room {
+                b.ep.send_with_header_room(ib, offset, len, None).unwrap();
+            } else {
+                b.ep.send_at(ib, offset, len, None).unwrap();
+            }
+            b.ep.flush(Instant::ZERO, &mut b.alloc).unwrap();
+            let wa = std::mem::take(&mut a.ep.qp_mut().sends);
+            let wb = std::mem::take(&mut b.ep.qp_mut().sends);
+            assert_eq!(wa, wb, "room {room} offset {offset} len {len}");
+            let mut whole = Vec::new();
+            for (bytes, _) in &wa {
+                let v =
+                    smbdirect_protocol::smbd::wire::DataTransfer::new_checked(&bytes[..]).unwrap();
+                whole.extend_from_slice(v.payload().unwrap());
+            }
+            assert_eq!(whole, &msg[offset as usize..(offset + len) as usize]);
+            assert_eq!(a.ep.connection().credits(), b.ep.connection().credits());
+            assert_eq!(a.ep.connection().stats(), b.ep.connection().stats());
+            drain_completions(&mut a);
+            drain_completions(&mut b);
+            assert!(a.pool.locate(ia).is_none(), "the message buffer is back");
+            assert!(b.pool.locate(ib).is_none());
+            assert_eq!((free_sends(&a), free_sends(&b)), (sends_a, sends_b));
+            assert_eq!(a.ep.outstanding(), a.ep.recv_posted as u64);
+        }
+        // Behind a queued message it waits its turn: queued, then sent
+        // second by the flush (a fresh rig: credits for both).
+        let mut a = established_rig();
+        let (first, msg) = queued_message(&mut a);
+        let (second, _) = queued_message(&mut a);
+        a.ep.send_at(first, 0, 100, None).unwrap();
+        assert_eq!(
+            a.ep.send_now(&mut a.alloc, second, 200, 100, None, false),
+            Ok(false)
+        );
+        assert!(a.ep.qp_mut().sends.is_empty());
+        a.ep.flush(Instant::ZERO, &mut a.alloc).unwrap();
+        let sent = std::mem::take(&mut a.ep.qp_mut().sends);
+        assert_eq!(sent.len(), 2);
+        assert_eq!(&sent[0].0[24..], &msg[..100]);
+        assert_eq!(&sent[1].0[24..], &msg[200..300]);
+        drain_completions(&mut a);
+        assert!(a.pool.locate(first).is_none() && a.pool.locate(second).is_none());
+        // A broken queue pair: the post fails, the buffers come back and
+        // the next flush reports the failure.
+        let mut a = established_rig();
+        let sends_a = free_sends(&a);
+        let (id, _) = queued_message(&mut a);
+        a.ep.qp_mut().broken = true;
+        a.ep.qp_mut().refuse_posts = true;
+        assert_eq!(
+            a.ep.send_now(&mut a.alloc, id, 0, 100, None, false),
+            Ok(false)
+        );
+        assert!(a.pool.locate(id).is_none());
+        assert_eq!(free_sends(&a), sends_a);
+        assert!(a.ep.flush(Instant::ZERO, &mut a.alloc).is_err());
     }
 
     #[test]

@@ -45,7 +45,8 @@ use crate::planes::{
     LOANED_RECEIVES,
 };
 use crate::provider::{
-    Completion, CompletionQueue, MemoryRegion, Provider, QpId, QpState, QueuePair, WcStatus,
+    Completion, CompletionQueue, MemoryRegion, Provider, QpId, QpState, QueuePair, WcOpcode,
+    WcStatus,
 };
 use crate::upper::{Backpressure, QueuedReply, RdmaDone, Replies, UpperIo, UpperLayer};
 use smbdirect_hugepages::{BufId, BufferPool, ClassId, SliceAllocator};
@@ -386,7 +387,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let n = self.cq.poll(&mut wcs);
             if n > 0 {
                 work = true;
-                self.needs_service = true;
+                // `on_completion` asks for the service pass where a
+                // completion left something to do.
                 let now = self.now();
                 for wc in &wcs[..n] {
                     self.on_completion(now, wc);
@@ -665,19 +667,39 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let Some(slot) = self.slots[i].as_mut() else {
             return;
         };
-        slot.dirty = true;
+        let mut express = false;
         match slot.ep.on_completion(now, wc, &mut self.alloc) {
-            Ok(None) => {}
+            // A Send finished: it gave back a send-queue entry (and maybe a
+            // buffer), which matters only to a transmit that waits for one;
+            // with none pending there is nothing to flush. Every other
+            // completion (a receive's credits and grants, a finished RDMA
+            // operation) may have changed what the connection says next.
+            Ok(None) if wc.opcode == WcOpcode::Send && wc.status == WcStatus::Success => {
+                slot.dirty |= slot.ep.connection().transmit_pending();
+            }
+            Ok(None) => slot.dirty = true,
             Ok(Some(Event::Message(d))) => {
+                slot.dirty = true;
                 WorkerStats::add(&self.stats.messages_in, 1);
                 WorkerStats::add(&self.stats.bytes_in, slot.ep.message_len(&d) as u64);
                 slot.deferred.push_back(d);
+                // Nothing older waits on this connection (no message, wake
+                // or finished RDMA operation): hand the message to the
+                // upper layer and post its reply now, not after the rest of
+                // the loop and the walk of every connection. The order is
+                // the service pass's own.
+                express = slot.deferred.len() == 1
+                    && slot.wakes.is_empty()
+                    && slot.closing.is_none()
+                    && !slot.ep.rdma().is_some_and(|r| r.peek_done().is_some());
             }
             Ok(Some(Event::NegotiateRequest { bytes, len })) => {
+                slot.dirty = true;
                 let conn = slot.conn;
                 self.tell_cp(FromWorker::NegotiateRequest { conn, bytes, len });
             }
             Err(e) => {
+                slot.dirty = true;
                 // A flushed completion (or the queue-pair state check of
                 // `fire_timers`) only says the queue pair broke; the
                 // completion of the request that broke it, polled later,
@@ -695,6 +717,16 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     WorkerStats::add(&self.stats.rnr, 1);
                 }
             }
+        }
+        if express {
+            self.deliver_deferred(i);
+            self.flush_slot(i, now);
+        }
+        let Some(slot) = self.slots[i].as_ref() else {
+            return;
+        };
+        if slot.dirty || slot.closing.is_some() || !slot.deferred.is_empty() {
+            self.needs_service = true;
         }
     }
 
@@ -832,86 +864,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     any = true;
                 }
             }
-            if slot.closing.is_none() {
-                // Hand waiting messages to the upper layer, oldest first.
-                while let Some(d) = slot.deferred.front() {
-                    let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
-                    let mut queued = [QueuedReply::EMPTY; MAX_REPLIES];
-                    let max_read_write = slot.ep.connection().params().max_read_write_size;
-                    let message = slot.ep.in_place(d);
-                    let (msg, rdma) = slot.ep.message_and_rdma(d);
-                    let mut out = Replies::new(
-                        &mut self.alloc,
-                        &self.pool,
-                        &mut queued[..space],
-                        rdma,
-                        max_read_write,
-                        None,
-                        message,
-                    );
-                    let r = self.upper.on_message(slot.conn, msg, &mut out);
-                    let count = out.count;
-                    let attached = (out.attached, out.attached_bytes);
-                    let hold = out.hold;
-                    let taken = out.message_taken;
-                    if out.disconnect {
-                        slot.closing.get_or_insert(CloseReason::UpperLayer);
-                    }
-                    let ok = settle(
-                        &mut slot.ep,
-                        &mut self.alloc,
-                        &self.stats,
-                        &queued[..count],
-                        attached,
-                        r,
-                        None,
-                        &mut slot.closing,
-                    );
-                    if !ok {
-                        break;
-                    }
-                    let d = slot.deferred.pop_front().expect("front exists");
-                    match hold {
-                        // Its buffer went out as the reply (settle passed it
-                        // to the endpoint, or freed it if that failed).
-                        _ if taken => slot.ep.forget(d),
-                        Some(t) => slot.held.push((t, d)),
-                        None => slot.ep.release(d, &mut self.alloc),
-                    }
-                    slot.dirty = true;
-                    any = true;
-                }
-            }
-            if slot.dirty && slot.closing.is_none() {
-                slot.dirty = false;
-                let stalls_before = slot.ep.connection().stats().credit_stalls;
-                match slot.ep.flush(now, &mut self.alloc) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        slot.dirty = true;
-                        WorkerStats::add(&self.stats.pool_stalls, 1);
-                    }
-                    Err(e) => slot.closing = Some(close_reason(e)),
-                }
-                let stalls = slot.ep.connection().stats().credit_stalls - stalls_before;
-                if stalls > 0 {
-                    WorkerStats::add(&self.stats.credit_stalls, stalls);
-                }
-                let short = slot.new_shortfalls();
-                if short > 0 {
-                    WorkerStats::add(&self.stats.pool_stalls, short);
-                }
-                slot.next_timer = slot.ep.connection().poll_timeout();
-                if !slot.reported_established && slot.ep.connection().is_established() {
-                    slot.reported_established = true;
-                    let conn = slot.conn;
-                    match self.outbox.push(FromWorker::Established { conn }) {
-                        Ok(()) => self.told = true,
-                        Err(m) => self.pending_out.push_back(m),
-                    }
-                }
-                any = true;
-            }
+            any |= self.deliver_deferred(i);
+            any |= self.flush_slot(i, now);
+            let Some(slot) = self.slots[i].as_mut() else {
+                continue;
+            };
             again |= slot.dirty
                 || slot.closing.is_some()
                 || !slot.deferred.is_empty()
@@ -923,6 +880,105 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         }
         self.needs_service = again;
         any
+    }
+
+    /// Hands slot `i`'s waiting messages to the upper layer, oldest first,
+    /// until it pushes back. Returns whether it took any.
+    fn deliver_deferred(&mut self, i: usize) -> bool {
+        let Some(slot) = self.slots[i].as_mut() else {
+            return false;
+        };
+        let mut any = false;
+        if slot.closing.is_some() {
+            return false;
+        }
+        while let Some(d) = slot.deferred.front() {
+            let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
+            let mut queued = [QueuedReply::EMPTY; MAX_REPLIES];
+            let max_read_write = slot.ep.connection().params().max_read_write_size;
+            let message = slot.ep.in_place(d);
+            let (msg, rdma) = slot.ep.message_and_rdma(d);
+            let mut out = Replies::new(
+                &mut self.alloc,
+                &self.pool,
+                &mut queued[..space],
+                rdma,
+                max_read_write,
+                None,
+                message,
+            );
+            let r = self.upper.on_message(slot.conn, msg, &mut out);
+            let count = out.count;
+            let attached = (out.attached, out.attached_bytes);
+            let hold = out.hold;
+            let taken = out.message_taken;
+            if out.disconnect {
+                slot.closing.get_or_insert(CloseReason::UpperLayer);
+            }
+            let ok = settle(
+                &mut slot.ep,
+                &mut self.alloc,
+                &self.stats,
+                &queued[..count],
+                attached,
+                r,
+                None,
+                &mut slot.closing,
+            );
+            if !ok {
+                break;
+            }
+            let d = slot.deferred.pop_front().expect("front exists");
+            match hold {
+                // Its buffer went out as the reply (settle passed it to the
+                // endpoint, or freed it if that failed).
+                _ if taken => slot.ep.forget(d),
+                Some(t) => slot.held.push((t, d)),
+                None => slot.ep.release(d, &mut self.alloc),
+            }
+            slot.dirty = true;
+            any = true;
+        }
+        any
+    }
+
+    /// Posts what slot `i`'s connection has to transmit, if something may
+    /// have changed it. Returns whether it looked.
+    fn flush_slot(&mut self, i: usize, now: PInstant) -> bool {
+        let Some(slot) = self.slots[i].as_mut() else {
+            return false;
+        };
+        if !slot.dirty || slot.closing.is_some() {
+            return false;
+        }
+        slot.dirty = false;
+        let stalls_before = slot.ep.connection().stats().credit_stalls;
+        match slot.ep.flush(now, &mut self.alloc) {
+            Ok(true) => {}
+            Ok(false) => {
+                slot.dirty = true;
+                WorkerStats::add(&self.stats.pool_stalls, 1);
+            }
+            Err(e) => slot.closing = Some(close_reason(e)),
+        }
+        let stalls = slot.ep.connection().stats().credit_stalls - stalls_before;
+        if stalls > 0 {
+            WorkerStats::add(&self.stats.credit_stalls, stalls);
+        }
+        let short = slot.new_shortfalls();
+        if short > 0 {
+            WorkerStats::add(&self.stats.pool_stalls, short);
+        }
+        slot.next_timer = slot.ep.connection().poll_timeout();
+        if !slot.reported_established && slot.ep.connection().is_established() {
+            slot.reported_established = true;
+            let conn = slot.conn;
+            match self.outbox.push(FromWorker::Established { conn }) {
+                Ok(()) => self.told = true,
+                Err(m) => self.pending_out.push_back(m),
+            }
+        }
+        true
     }
 
     fn fire_timers(&mut self) {
@@ -1050,7 +1106,17 @@ fn settle<Q: crate::provider::QueuePair>(
                 // alternation: docs/bench-results.md, "SMB Direct send
                 // path"). A reply built here (`Replies::reply`, a local
                 // buffer) and the client's messages go in place.
-                let r = if q.in_place {
+                //
+                // Posted at once when nothing waits to go before it
+                // (`Endpoint::send_now`); a reply to a finished RDMA
+                // operation is queued, so that the operation's next
+                // transfer (posted by the flush, RDMA first) keeps going
+                // ahead of it.
+                let r = if completing.is_none() {
+                    let room = !q.in_place;
+                    ep.send_now(alloc, q.buf, q.offset, q.len, q.invalidate, room)
+                        .map(|_| ())
+                } else if q.in_place {
                     ep.send_at(q.buf, q.offset, q.len, q.invalidate)
                 } else {
                     ep.send_with_header_room(q.buf, q.offset, q.len, q.invalidate)

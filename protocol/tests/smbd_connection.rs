@@ -2237,3 +2237,113 @@ fn local_close_terminates_and_first_reason_is_kept() {
     assert_eq!(c.terminated(), Some(TerminateReason::LocalClose));
     assert_eq!(poll(&mut c, ms(20), &mut p), None);
 }
+
+// ---------------------------------------------------------------------------
+// Connection::transmit_now: the send queue's fast path changes nothing
+// ---------------------------------------------------------------------------
+
+/// Two identical connections driven through the same random sends, peer
+/// messages and timers: one sends through `transmit_now` where it may (the
+/// general path otherwise), its twin always through `send_at` +
+/// `poll_transmit`. Every message goes on the wire with the same bytes and
+/// both connections end every step in the same state.
+#[test]
+fn transmit_now_is_send_at_and_poll_transmit_without_the_queue() {
+    let (mut a, mut pa) = established_default();
+    let (mut b, mut pb) = established_default();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let (mut fast, mut general) = (0, 0);
+    let mut t = 20;
+    for step in 0..5_000u64 {
+        let now = ms(t);
+        match rnd(10) {
+            0..=4 => {
+                // A message of 1..=1400 bytes (MaxSendSize 1024: some need
+                // two segments).
+                let len = 1 + rnd(1400) as u32;
+                let mut h = [0u8; 24];
+                match a.transmit_now(&mut pa, len, &mut h) {
+                    Some(grant) => {
+                        fast += 1;
+                        b.send_at(step, 0, len, None).unwrap();
+                        let (tb, bytes) = poll(&mut b, now, &mut pb).expect("the twin sends too");
+                        assert_eq!(tb.credits_granted, grant, "step {step}");
+                        assert_eq!(tb.header_len, 24);
+                        assert_eq!(
+                            tb.payload.map(|p| (p.offset, p.len, p.last)),
+                            Some((0, len, true))
+                        );
+                        assert_eq!(&bytes[..24], &h[..], "step {step}: header bytes");
+                    }
+                    None => {
+                        general += 1;
+                        let ra = a.send_at(step, 0, len, None);
+                        let rb = b.send_at(step, 0, len, None);
+                        assert_eq!(ra, rb);
+                        let sa = drain(&mut a, now, &mut pa);
+                        let sb = drain(&mut b, now, &mut pb);
+                        assert_eq!(sa, sb, "step {step}");
+                    }
+                }
+            }
+            5..=8 => {
+                // The peer sends (only with a credit of ours, as it must):
+                // a grant of 0..=5 credits, with or without a payload.
+                if a.credits().peer_credits == 0 {
+                    let sa = drain(&mut a, now, &mut pa);
+                    assert_eq!(sa, drain(&mut b, now, &mut pb));
+                    continue;
+                }
+                let payload = vec![7u8; rnd(3) as usize * 100];
+                let flags = if rnd(20) == 0 {
+                    SMB_DIRECT_RESPONSE_REQUESTED
+                } else {
+                    0
+                };
+                let m = data(1 + rnd(20) as u16, rnd(6) as u16, flags, 0, &payload);
+                assert_eq!(
+                    deliver(&mut a, &mut pa, now, &m),
+                    deliver(&mut b, &mut pb, now, &m)
+                );
+                // What each says back (grants, a keepalive answer), as an
+                // endpoint flushes after its completions.
+                let sa = drain(&mut a, now, &mut pa);
+                assert_eq!(sa, drain(&mut b, now, &mut pb), "step {step}");
+            }
+            _ => {
+                // Time passes; timers fire: now and then past the idle
+                // timer (a keepalive request goes, 3.1.6.2, answered by the
+                // peer's next message well within its 5 s).
+                t += if rnd(8) == 0 {
+                    115_000 + rnd(10_000)
+                } else {
+                    rnd(1_000)
+                };
+                let now = ms(t);
+                assert_eq!(a.handle_timeout(now), b.handle_timeout(now));
+                let sa = drain(&mut a, now, &mut pa);
+                assert_eq!(sa, drain(&mut b, now, &mut pb), "step {step}");
+            }
+        }
+        assert_eq!(a.credits(), b.credits(), "step {step}");
+        assert_eq!(a.stats(), b.stats(), "step {step}");
+        assert_eq!(a.send_queue_len(), b.send_queue_len(), "step {step}");
+        assert_eq!(a.keepalive_state(), b.keepalive_state(), "step {step}");
+        assert_eq!(a.terminated(), b.terminated(), "step {step}");
+        assert_eq!(pa.posted, pb.posted, "step {step}");
+        t += 1;
+    }
+    // Both paths were taken, many times, and the connection lived on.
+    assert!(
+        fast > 500 && general > 500,
+        "fast {fast}, general {general}"
+    );
+    assert_eq!(a.terminated(), None);
+    assert!(a.stats().keepalives_sent > 0);
+}

@@ -1116,3 +1116,25 @@ mod slicing {
         assert!(s.contains("301") && s.contains("300"), "{s}");
     }
 }
+
+/// The fast path's header is `emit_header`'s for a whole message, for
+/// every length and credit value that matters.
+#[test]
+fn whole_message_header_is_emit_header_of_a_whole_message() {
+    use smbdirect_protocol::smbd::wire::DataTransferRepr;
+    for (req, granted, len) in [
+        (1, 0, 1),
+        (255, 17, 512),
+        (65535, 65535, 1340),
+        (10, 1, u32::MAX - 24),
+    ] {
+        let repr = DataTransferRepr {
+            credits_requested: req,
+            credits_granted: granted,
+            ..DataTransferRepr::with_payload(len, 0)
+        };
+        let mut b = [0xAAu8; 24];
+        assert_eq!(repr.emit_header(&mut b), 24);
+        assert_eq!(DataTransferRepr::whole_message_header(req, granted, len), b);
+    }
+}

@@ -513,6 +513,51 @@ impl Connection {
         })
     }
 
+    /// [MS-SMBD] 3.1.5.1 without the send queue, for the common case: a
+    /// whole upper-layer message of `len` bytes (one segment) that may go
+    /// out right now. When it may, this does exactly what
+    /// [`Connection::send_at`] followed by [`Connection::poll_transmit`]
+    /// would (3.1.5.9 credit processing, the grant, one send credit spent,
+    /// the 24-byte Data Transfer header with DataOffset 24 written into
+    /// `header`) and returns the credits granted; the caller posts header
+    /// and payload as one Send. `None`, with nothing changed, when the
+    /// general path is needed: not established, a control message or a
+    /// queued message goes first, a keepalive request is due, the message
+    /// needs fragments, or this would spend the last send credit (3.1.5.1's
+    /// rule for that one lives in `poll_transmit`).
+    #[inline]
+    pub fn transmit_now<P: ReceivePoster + ?Sized>(
+        &mut self,
+        poster: &mut P,
+        len: u32,
+        header: &mut [u8; DATA_TRANSFER_PAYLOAD_OFFSET],
+    ) -> Option<u16> {
+        if self.role != Role::Established
+            || self.control.is_some()
+            || self.terminated.is_some()
+            || !self.send_queue.is_empty()
+            || self.keepalive == KeepaliveState::Pending
+            || len == 0
+            || len > self.max_segment()
+            || self.credits.send_credits < 2
+        {
+            return None;
+        }
+        self.credits.top_up(poster, false);
+        let grant = self.credits.take_grant();
+        self.credits.send_credits -= 1;
+        if grant > 0 {
+            self.grant_wanted = false;
+        }
+        self.send_immediate = false;
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += u64::from(len);
+        // [MS-SMBD] 2.2.3 / 3.1.5.4: the header poll_transmit would write.
+        *header =
+            DataTransferRepr::whole_message_header(self.credits.send_credit_target, grant, len);
+        Some(grant)
+    }
+
     /// The most payload one Data Transfer message carries ([MS-SMBD]
     /// 3.1.5.1: MaxSendSize less the header and its padding).
     #[inline]
