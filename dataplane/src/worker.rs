@@ -685,7 +685,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 slot.deferred.push_back(d);
                 // Nothing older waits on this connection (no message, wake
                 // or finished RDMA operation): hand the message to the
-                // upper layer and post its reply now, not after the rest of
+                // upper layer now, not after the rest of the poll batch,
                 // the loop and the walk of every connection. The order is
                 // the service pass's own.
                 express = slot.deferred.len() == 1
@@ -719,8 +719,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
         }
         if express {
+            // Its replies go out from here (`settle` posts a reply with
+            // nothing ahead of it at once); the flush of what waits behind
+            // (RDMA transfers above all) stays with the service pass, which
+            // posts a whole poll batch's transfers together.
             self.deliver_deferred(i);
-            self.flush_slot(i, now);
         }
         let Some(slot) = self.slots[i].as_ref() else {
             return;
