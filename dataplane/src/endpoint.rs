@@ -1803,15 +1803,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         // The header in a send buffer, the payload gathered from the
         // message (as `flush`'s general path).
-        let Ok(sbuf) = alloc.alloc(ClassId::SEND) else {
-            return queue(self);
-        };
-        let Some(loc) = self
-            .pool
-            .locate(sbuf)
-            .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
-        else {
-            let _ = alloc.free(sbuf);
+        let Ok(Some((sbuf, loc))) = self.send_buffer(alloc) else {
             return queue(self);
         };
         let mut p = poster!(self, alloc);
@@ -1830,6 +1822,30 @@ impl<Q: QueuePair> Endpoint<Q> {
         ];
         let id = wr_id(KIND_SEND, sbuf);
         Ok(self.post_now(alloc, &sges, id, invalidate, Some(sbuf), msg))
+    }
+
+    /// A send buffer for a message header with, past the longest header,
+    /// the release stash: `Ok(None)` when the pool has none free, `Err`
+    /// (the buffer given back) when the one allocated is too short or not
+    /// live, which a correctly configured pool never does.
+    fn send_buffer(
+        &self,
+        alloc: &mut SliceAllocator,
+    ) -> Result<Option<(BufId, smbdirect_hugepages::BufLocation)>, ()> {
+        let Ok(sbuf) = alloc.alloc(ClassId::SEND) else {
+            return Ok(None);
+        };
+        match self
+            .pool
+            .locate(sbuf)
+            .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
+        {
+            Some(loc) => Ok(Some((sbuf, loc))),
+            None => {
+                let _ = alloc.free(sbuf);
+                Err(())
+            }
+        }
     }
 
     /// Posts a Send [`Endpoint::send_now`] prepared. On a provider failure
@@ -1898,21 +1914,13 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             // Reserve the send buffer first, so a transmit the connection
             // commits to always has somewhere to go.
-            let sbuf = match alloc.alloc(ClassId::SEND) {
-                Ok(b) => b,
-                Err(_) => {
+            let (sbuf, loc) = match self.send_buffer(alloc) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
                     self.stats.pool_stalls += 1;
                     return Ok(false);
                 }
-            };
-            // Room for the longest header and, past it, the release stash.
-            let Some(loc) = self
-                .pool
-                .locate(sbuf)
-                .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
-            else {
-                let _ = alloc.free(sbuf);
-                return Err(self.fail(EndpointError::PoolExhausted));
+                Err(()) => return Err(self.fail(EndpointError::PoolExhausted)),
             };
             // SAFETY: sbuf was just allocated and is exclusively ours; `loc`
             // is its live location in the pool's mapping.

@@ -786,17 +786,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         None,
                     );
                     let r = self.upper.on_rdma_complete(slot.conn, &done, &mut out);
-                    let count = out.count;
-                    let attached = (out.attached, out.attached_bytes);
-                    if out.disconnect {
-                        slot.closing.get_or_insert(CloseReason::UpperLayer);
-                    }
+                    let o = CallOutcome::of(&out);
                     let ok = settle(
                         &mut slot.ep,
                         &mut self.alloc,
                         &self.stats,
-                        &queued[..count],
-                        attached,
+                        &queued,
+                        o,
                         r,
                         Some(op.slot),
                         &mut slot.closing,
@@ -834,18 +830,14 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         None,
                     );
                     let r = self.upper.on_wake(slot.conn, token, msg, &mut out);
-                    let count = out.count;
-                    let attached = (out.attached, out.attached_bytes);
-                    let hold = out.hold;
-                    if out.disconnect {
-                        slot.closing.get_or_insert(CloseReason::UpperLayer);
-                    }
+                    let o = CallOutcome::of(&out);
+                    let hold = o.hold;
                     let ok = settle(
                         &mut slot.ep,
                         &mut self.alloc,
                         &self.stats,
-                        &queued[..count],
-                        attached,
+                        &queued,
+                        o,
                         r,
                         None,
                         &mut slot.closing,
@@ -911,19 +903,14 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 message,
             );
             let r = self.upper.on_message(slot.conn, msg, &mut out);
-            let count = out.count;
-            let attached = (out.attached, out.attached_bytes);
-            let hold = out.hold;
-            let taken = out.message_taken;
-            if out.disconnect {
-                slot.closing.get_or_insert(CloseReason::UpperLayer);
-            }
+            let o = CallOutcome::of(&out);
+            let (hold, taken) = (o.hold, o.taken);
             let ok = settle(
                 &mut slot.ep,
                 &mut self.alloc,
                 &self.stats,
-                &queued[..count],
-                attached,
+                &queued,
+                o,
                 r,
                 None,
                 &mut slot.closing,
@@ -1081,7 +1068,33 @@ fn next_set_bit(bits: &[u64], from: usize) -> Option<usize> {
     }
 }
 
-/// Applies what an upper-layer handler did through its [`Replies`]: on
+/// What one upper-layer call left in its [`Replies`], read once it
+/// returned: the replies it queued, those attached to RDMA Writes (count,
+/// bytes), a message it holds, whether it took the message's buffer for a
+/// reply, and whether it asked to disconnect.
+#[derive(Clone, Copy)]
+struct CallOutcome {
+    count: usize,
+    attached: (u32, u64),
+    hold: Option<u64>,
+    taken: bool,
+    disconnect: bool,
+}
+
+impl CallOutcome {
+    fn of(out: &Replies<'_>) -> Self {
+        CallOutcome {
+            count: out.count,
+            attached: (out.attached, out.attached_bytes),
+            hold: out.hold,
+            taken: out.message_taken,
+            disconnect: out.disconnect,
+        }
+    }
+}
+
+/// Applies what an upper-layer handler did through its [`Replies`] (`o`):
+/// marks the connection for closing if it asked to disconnect; on
 /// `Ok`, queues the replies and commits the RDMA requests (and finishes the
 /// operation being completed, if any); on backpressure, undoes both so the
 /// handler can be called again with the same input. Returns whether the
@@ -1092,11 +1105,15 @@ fn settle<Q: crate::provider::QueuePair>(
     alloc: &mut SliceAllocator,
     stats: &WorkerStats,
     queued: &[QueuedReply],
-    attached: (u32, u64),
+    o: CallOutcome,
     r: Result<(), Backpressure>,
     completing: Option<usize>,
     closing: &mut Option<CloseReason>,
 ) -> bool {
+    if o.disconnect {
+        closing.get_or_insert(CloseReason::UpperLayer);
+    }
+    let (queued, attached) = (&queued[..o.count], o.attached);
     match r {
         Ok(()) => {
             for q in queued {
