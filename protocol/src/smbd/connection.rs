@@ -544,6 +544,20 @@ impl Connection {
             return None;
         }
         self.credits.top_up(poster, false);
+        let grant = self.spend_send_credit();
+        self.stats.bytes_sent += u64::from(len);
+        // [MS-SMBD] 2.2.3 / 3.1.5.4: the header poll_transmit would write.
+        *header =
+            DataTransferRepr::whole_message_header(self.credits.send_credit_target, grant, len);
+        Some(grant)
+    }
+
+    /// [MS-SMBD] 3.1.5.1 for the Data Transfer message about to go (its
+    /// credit checks passed, its receives topped up): the receives posted
+    /// since the last grant are granted (3.1.5.9), one send credit is
+    /// spent, SendImmediate is cleared. Returns CreditsGranted.
+    #[inline]
+    fn spend_send_credit(&mut self) -> u16 {
         let grant = self.credits.take_grant();
         self.credits.send_credits -= 1;
         if grant > 0 {
@@ -551,11 +565,7 @@ impl Connection {
         }
         self.send_immediate = false;
         self.stats.messages_sent += 1;
-        self.stats.bytes_sent += u64::from(len);
-        // [MS-SMBD] 2.2.3 / 3.1.5.4: the header poll_transmit would write.
-        *header =
-            DataTransferRepr::whole_message_header(self.credits.send_credit_target, grant, len);
-        Some(grant)
+        grant
     }
 
     /// The most payload one Data Transfer message carries ([MS-SMBD]
@@ -849,11 +859,7 @@ impl Connection {
             // Nothing could be posted: an empty message would say nothing.
             return None;
         }
-        let grant = self.credits.take_grant();
-        self.credits.send_credits -= 1;
-        if grant > 0 {
-            self.grant_wanted = false;
-        }
+        let grant = self.spend_send_credit();
         let mut flags = 0;
         if self.keepalive == KeepaliveState::Pending {
             flags = SMB_DIRECT_RESPONSE_REQUESTED;
@@ -862,8 +868,6 @@ impl Connection {
             self.idle_deadline = Some(now + self.cfg.keepalive_response_timeout);
             self.stats.keepalives_sent += 1;
         }
-        self.send_immediate = false;
-        self.stats.messages_sent += 1;
 
         let mut repr = DataTransferRepr {
             credits_requested: self.credits.send_credit_target,
