@@ -1848,9 +1848,9 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
     }
 
-    /// Posts a Send [`Endpoint::send_now`] prepared. On a provider failure
-    /// frees its buffers, fails the endpoint as `flush` does (the caller's
-    /// flush reports it) and returns false.
+    /// Posts a Send of whole message `msg` (`send_now`, `flush_in_place`).
+    /// On a provider failure frees its buffers (`sbuf`, if any, and `msg`),
+    /// fails the endpoint as `flush` does and returns false.
     #[inline]
     fn post_now(
         &mut self,
@@ -2063,21 +2063,12 @@ impl<Q: QueuePair> Endpoint<Q> {
             (mloc.offset + start) as u64,
             (room + ps.len as usize) as u32,
         )];
-        let wr = [SendWr {
-            wr_id: wr_id(KIND_SEND, msg) | SEND_IN_PLACE,
-            op: SendOp::Send {
-                sges: &sges,
-                invalidate: t.invalidate_token,
-            },
-            signaled: true,
-        }];
-        if self.qp.post_send(&wr).is_err() {
-            let _ = alloc.free(msg);
-            self.conn.handle_connection_lost();
-            return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
+        let id = wr_id(KIND_SEND, msg) | SEND_IN_PLACE;
+        if !self.post_now(alloc, &sges, id, t.invalidate_token, None, msg) {
+            return Err(self
+                .failed
+                .unwrap_or(EndpointError::Provider(WcStatus::Flushed)));
         }
-        self.sends_in_flight += 1;
-        self.stats.sends_posted += 1;
         Ok(InPlaceSend::Posted)
     }
 
