@@ -35,6 +35,26 @@ pub fn fill(buf: &mut [u8], seq: u64) {
     }
 }
 
+/// Writes operation `seq`'s number over the first eight bytes of `buf` (the
+/// head of its pattern): what every echo round trip sends, `--verify` or
+/// not, so that each echo is matched to its operation ([`stamped`]).
+#[inline]
+pub fn stamp(buf: &mut [u8], seq: u64) {
+    let head = buf.len().min(8);
+    buf[..head].copy_from_slice(&seq.to_le_bytes()[..head]);
+}
+
+/// Whether `buf` begins with operation `seq`'s number ([`stamp`]): the
+/// check every echo gets. It reads the message's first bytes, as any
+/// receiver of a message does, so both `send` and its baseline `raw-send`
+/// take the message to the receiving core (docs/bench-results.md,
+/// "Both round trips read what they receive").
+#[inline]
+pub fn stamped(buf: &[u8], seq: u64) -> bool {
+    let head = buf.len().min(8);
+    buf[..head] == seq.to_le_bytes()[..head]
+}
+
 /// Whether `buf` holds operation `seq`'s pattern.
 pub fn check(buf: &[u8], seq: u64) -> bool {
     let head = buf.len().min(8);
@@ -64,6 +84,25 @@ mod tests {
                 assert!(!check(&a, 41), "a flipped last byte, len {len}");
             }
         }
+    }
+
+    #[test]
+    fn stamps_match_their_operation_only() {
+        for len in [1usize, 7, 8, 9, 512] {
+            let mut a = vec![0xa5u8; len];
+            stamp(&mut a, seq_base(2) + 41);
+            assert!(stamped(&a, seq_base(2) + 41), "len {len}");
+            assert!(!stamped(&a, seq_base(2) + 42), "len {len}");
+            assert!(!stamped(&a, seq_base(3) + 41) || len < 6, "len {len}");
+            if len > 8 {
+                assert_eq!(a[8], 0xa5, "only the head is written");
+            }
+        }
+        // A stamped pattern is still the pattern.
+        let mut b = vec![0u8; 100];
+        fill(&mut b, 7);
+        stamp(&mut b, 7);
+        assert!(check(&b, 7));
     }
 
     #[test]

@@ -258,6 +258,8 @@ impl<P: Provider> Session for SendSession<P> {
     fn start(&mut self, slot: u32, seq: u64) -> Result<(), BenchError> {
         if self.verify {
             pattern::fill(&mut self.msg, seq);
+        } else {
+            pattern::stamp(&mut self.msg, seq);
         }
         self.client
             .send(&self.msg)
@@ -282,7 +284,9 @@ impl<P: Provider> Session for SendSession<P> {
         let mut unexpected = false;
         let r = client.step(&mut |m, _| match fifo.pop() {
             Some((slot, seq)) => {
-                let ok = m.len() == msg.len() && (!*verify || pattern::check(m, seq));
+                let ok = m.len() == msg.len()
+                    && pattern::stamped(m, seq)
+                    && (!*verify || pattern::check(m, seq));
                 done(Outcome { slot, ok });
             }
             None => unexpected = true,
