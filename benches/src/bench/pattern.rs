@@ -36,7 +36,7 @@ pub fn fill(buf: &mut [u8], seq: u64) {
 }
 
 /// Writes operation `seq`'s number over the first eight bytes of `buf` (the
-/// head of its pattern): what every echo round trip sends, `--verify` or
+/// head of its pattern): what every `send` round trip sends, `--verify` or
 /// not, so that each echo is matched to its operation ([`stamped`]).
 #[inline]
 pub fn stamp(buf: &mut [u8], seq: u64) {
@@ -45,10 +45,9 @@ pub fn stamp(buf: &mut [u8], seq: u64) {
 }
 
 /// Whether `buf` begins with operation `seq`'s number ([`stamp`]): the
-/// check every echo gets. It reads the message's first bytes, as any
-/// receiver of a message does, so both `send` and its baseline `raw-send`
-/// take the message to the receiving core (docs/bench-results.md,
-/// "Both round trips read what they receive").
+/// check every `send` echo gets, on the cache line its SMB Direct header
+/// already brought in (the `raw-send` baseline reads nothing it receives
+/// unless `--verify`: see its module documentation).
 #[inline]
 pub fn stamped(buf: &[u8], seq: u64) -> bool {
     let head = buf.len().min(8);
