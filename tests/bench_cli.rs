@@ -216,19 +216,26 @@ fn raw_send_over_loopback_writes_json_hgrm_and_svg() {
 /// --verify --quiet --json F` and returns its output and JSON, checked to
 /// have succeeded with exactly N measured operations.
 fn verified_run(name: &str, args: &[&str], iterations: u64, warmup: &str) -> (Output, String) {
+    counted_run(name, args, iterations, warmup, true)
+}
+
+/// [`verified_run`], with `--verify` only if `verify`.
+fn counted_run(
+    name: &str,
+    args: &[&str],
+    iterations: u64,
+    warmup: &str,
+    verify: bool,
+) -> (Output, String) {
     let dir = scratch(name);
     let j = dir.join("r.json");
     let n = iterations.to_string();
     let mut argv = vec!["--loopback", "--provider", "soft"];
     argv.extend_from_slice(args);
-    argv.extend_from_slice(&[
-        "--iterations",
-        &n,
-        "--warmup",
-        warmup,
-        "--verify",
-        "--quiet",
-    ]);
+    argv.extend_from_slice(&["--iterations", &n, "--warmup", warmup, "--quiet"]);
+    if verify {
+        argv.push("--verify");
+    }
     argv.extend_from_slice(&["--json", j.to_str().unwrap()]);
     let o = bench(&argv, Duration::from_secs(20));
     assert!(o.status.success(), "{args:?}: {}", text(&o));
@@ -261,35 +268,17 @@ fn iterations_measure_exactly_that_many_operations() {
 #[test]
 fn unverified_echoes_are_matched_to_their_operations() {
     let _g = common::serial();
-    let dir = scratch("stamp-send");
-    let j = dir.join("r.json");
-    let o = bench(
-        &[
-            "--loopback",
-            "--provider",
-            "soft",
-            "--workload",
-            "send",
-            "--queue-depth",
-            "4",
-            "--connections",
-            "2",
-            "--iterations",
-            "2000",
-            "--warmup",
-            "0.1",
-            "--quiet",
-            "--json",
-            j.to_str().unwrap(),
-        ],
-        Duration::from_secs(20),
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    let json = std::fs::read_to_string(&j).expect("json");
+    let args = [
+        "--workload",
+        "send",
+        "--queue-depth",
+        "4",
+        "--connections",
+        "2",
+    ];
+    let (_, json) = counted_run("stamp-send", &args, 2000, "0.1", false);
     assert!(json.contains("\"verify\": false"), "{json}");
-    assert_eq!(number(&json, "ops"), 2000.0, "{json}");
     assert_eq!(number(&json, "errors"), 0.0, "{json}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
