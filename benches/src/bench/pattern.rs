@@ -27,8 +27,7 @@ fn tail_byte(key: u8, i: usize) -> u8 {
 
 /// Fills `buf` with operation `seq`'s pattern.
 pub fn fill(buf: &mut [u8], seq: u64) {
-    let head = buf.len().min(8);
-    buf[..head].copy_from_slice(&seq.to_le_bytes()[..head]);
+    stamp(buf, seq);
     let k = key(seq);
     for (i, b) in buf.iter_mut().enumerate().skip(8) {
         *b = tail_byte(k, i);
@@ -56,8 +55,7 @@ pub fn stamped(buf: &[u8], seq: u64) -> bool {
 
 /// Whether `buf` holds operation `seq`'s pattern.
 pub fn check(buf: &[u8], seq: u64) -> bool {
-    let head = buf.len().min(8);
-    if buf[..head] != seq.to_le_bytes()[..head] {
+    if !stamped(buf, seq) {
         return false;
     }
     let k = key(seq);
