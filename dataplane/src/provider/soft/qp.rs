@@ -438,18 +438,29 @@ impl QueuePair for SoftQp {
         }
         // Validate all first, so a bad one posts nothing (verbs would fail
         // the receive later with a local protection error; failing now points
-        // at the caller's bug directly).
-        for wr in wrs {
-            self.reachable(wr.sge)
+        // at the caller's bug directly). The regions found are kept for the
+        // ring slots (the first RECV_REGIONS of a batch; any further ones
+        // are looked up again).
+        const RECV_REGIONS: usize = 32;
+        let mut found = [0u32; RECV_REGIONS];
+        for (k, wr) in wrs.iter().enumerate() {
+            let region = self
+                .reachable(wr.sge)
                 .map_err(|e| ProviderError::Other(format!("post_recv: {e}")))?;
+            if let Some(f) = found.get_mut(k) {
+                *f = region;
+            }
         }
         let regions = &ep.provider.regions;
         // One Release store publishes the whole batch.
         rq.push_n(wrs.len() as u64, |k, slot| {
             let wr = &wrs[k as usize];
-            let region = regions
-                .find(wr.sge.lkey, wr.sge.addr, u64::from(wr.sge.len))
-                .map_or(0, |r| r.index);
+            let region = match found.get(k as usize) {
+                Some(&r) => r,
+                None => regions
+                    .find(wr.sge.lkey, wr.sge.addr, u64::from(wr.sge.len))
+                    .map_or(0, |r| r.index),
+            };
             slot.write(PostedRecv {
                 wr_id: wr.wr_id,
                 addr: wr.sge.addr,
