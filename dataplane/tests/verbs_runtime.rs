@@ -614,6 +614,81 @@ fn verbs_window_grant_is_usable_through_its_queue_pair_only() {
 }
 
 #[test]
+fn verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds() {
+    let Some(ip) =
+        test_ip("verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds")
+    else {
+        return;
+    };
+    let p = open(GrantMode::Auto);
+    if p.grant_mechanism() != GrantMechanism::MemoryWindow {
+        say("verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds: skipped: no memory windows");
+        return;
+    }
+    let mut pr = pair(&p, ip, 0);
+    // As an SMB client does with its I/O buffers: grant the same 4 KiB,
+    // revoke it, again and again (and a second range in between).
+    let mut wr_id = 1;
+    let mut cycle = |s: &mut End, off: u64| {
+        let g =
+            s.qp.grant(wr_id, s.mr.sge(off, 4096), Access::RemoteWrite, true)
+                .expect("grant");
+        s.poll(1, "bind");
+        s.qp.revoke(wr_id + 1, g.rkey, true).expect("revoke");
+        s.poll(1, "revoke");
+        wr_id += 2;
+    };
+    for i in 0..20 {
+        cycle(&mut pr.server, 0);
+        if i % 5 == 0 {
+            cycle(&mut pr.server, 8192);
+        }
+    }
+    let made = pr.server.qp.backing_registrations();
+    // rxe: one registration per distinct range (two), not one per grant
+    // (24); a device that checks windows itself needs none.
+    assert!(
+        made <= 2,
+        "{made} backing registrations for 2 distinct ranges"
+    );
+    say(&format!(
+        "verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds: {made} backing registration(s) for 24 grants of 2 ranges"
+    ));
+    // The reused backing still bounds the window: inside the grant a write
+    // lands, across its end it is a remote access error.
+    let g = pr
+        .server
+        .qp
+        .grant(900, pr.server.mr.sge(0, 4096), Access::RemoteWrite, true)
+        .expect("grant");
+    pr.server.poll(1, "bind");
+    assert!(pr.server.qp.backing_registrations() <= 2);
+    pr.client.buf()[..64].fill(0x5e);
+    let src = [pr.client.mr.sge(0, 64)];
+    for (wr_id, offset, want) in [
+        (78, 4096 - 64, WcStatus::Success),
+        (79, 4096 - 32, WcStatus::RemoteAccessError),
+    ] {
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::RdmaWrite {
+                sges: &src,
+                remote: RemoteBuf {
+                    addr: g.addr + offset,
+                    rkey: g.rkey,
+                },
+            },
+            signaled: true,
+        };
+        pr.client.qp.post_send(&[wr]).expect("post write");
+        let wc = pr.client.poll(1, "client write")[0];
+        assert_eq!((wc.wr_id, wc.status), (wr_id, want), "write at +{offset}");
+    }
+    assert!(pr.server.buf()[4096 - 64..4096].iter().all(|&x| x == 0x5e));
+    assert!(pr.server.buf()[4096..4096 + 64].iter().all(|&x| x == 0));
+}
+
+#[test]
 fn verbs_send_with_invalidate_revokes_the_receivers_grant() {
     let Some(ip) = test_ip("verbs_send_with_invalidate_revokes_the_receivers_grant") else {
         return;

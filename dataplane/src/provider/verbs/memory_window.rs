@@ -40,8 +40,21 @@ struct Window {
     /// The rkey of the current (or last) binding.
     rkey: u32,
     bound: bool,
-    /// rxe quirk: the exact-range registration the window is bound onto.
-    backing: *mut ibv_mr,
+    /// rxe quirk: the exact-range registration the window is bound onto
+    /// (its key in [`WindowPool::backings`]).
+    backing: Option<(u64, u32)>,
+}
+
+/// rxe quirk: a registration of exactly one granted range, kept for the
+/// next grant of the same range.
+#[derive(Debug)]
+struct Backing {
+    mr: *mut ibv_mr,
+    /// Windows bound (or being bound) onto it now.
+    users: u32,
+    /// When it was last taken ([`WindowPool::uses`]): the least recently
+    /// used idle one goes first when the cache is full.
+    last_use: u64,
 }
 
 /// The queue pair's memory windows. The index part of an rkey (its upper 24
@@ -55,6 +68,19 @@ pub(super) struct WindowPool {
     /// Bind each window onto a registration of exactly the granted bytes
     /// (the device checks windows against their region's bounds only).
     exact_backing: bool,
+    /// Those registrations by (address, length), kept while idle: a client
+    /// grants the same I/O buffers over and over, and a registration per
+    /// grant cost two system calls per I/O (`ibv_reg_mr`, `ibv_dereg_mr`:
+    /// page pinning in the kernel). A registration made for backing has
+    /// local rights only (`LOCAL_WRITE | MW_BIND`), so an idle one gives a
+    /// peer nothing; only a window bound onto it does, and only to its
+    /// exact range. At most [`WindowPool::backing_cap`] are kept; beyond
+    /// that an idle one is deregistered.
+    backings: HashMap<(u64, u32), Backing>,
+    /// Backings taken so far (the clock of `Backing::last_use`).
+    uses: u64,
+    /// Backing registrations made (`ibv_reg_mr` calls) so far.
+    registrations: u64,
     /// Backing registrations whose window was not yet invalidated when
     /// they were released; deregistered later.
     stale: Vec<*mut ibv_mr>,
@@ -69,6 +95,9 @@ impl WindowPool {
             free: Vec::with_capacity(n as usize),
             by_index: HashMap::with_capacity(n as usize),
             exact_backing,
+            backings: HashMap::with_capacity(if exact_backing { 2 * n as usize } else { 0 }),
+            uses: 0,
+            registrations: 0,
             stale: Vec::with_capacity(n as usize),
         };
         for _ in 0..n {
@@ -98,7 +127,7 @@ impl WindowPool {
             mw,
             rkey,
             bound: false,
-            backing: std::ptr::null_mut(),
+            backing: None,
         });
         self.by_index.insert(rkey >> 8, i);
         Ok(i)
@@ -124,9 +153,22 @@ impl WindowPool {
         Ok((i, w.mw, next_rkey(w.rkey)))
     }
 
+    /// Exact-range backing registrations made so far (0 where the device
+    /// checks windows against their own bounds).
+    pub fn backing_registrations(&self) -> u64 {
+        self.registrations
+    }
+
+    /// Idle backings kept: twice the windows (at most one backing per
+    /// window is in use, so a full cache always has an idle one to drop).
+    fn backing_cap(&self) -> usize {
+        2 * self.windows.len()
+    }
+
     /// The registration window `i` is to be bound onto for `[addr, addr +
-    /// len)`: `pool_mr` itself, or (exact backing) a fresh registration of
-    /// exactly those bytes that the window keeps until it is revoked.
+    /// len)`: `pool_mr` itself, or (exact backing) a registration of
+    /// exactly those bytes, reused from an earlier grant of the same range
+    /// where there is one, held by the window until it is revoked.
     pub fn backing(
         &mut self,
         i: u32,
@@ -137,12 +179,24 @@ impl WindowPool {
         if !self.exact_backing {
             return Ok(pool_mr);
         }
+        self.uses += 1;
+        let now = self.uses;
+        let key = (addr, len);
+        if let Some(b) = self.backings.get_mut(&key) {
+            b.users += 1;
+            b.last_use = now;
+            self.windows[i as usize].backing = Some(key);
+            return Ok(b.mr);
+        }
         self.retry_stale();
+        if self.backings.len() >= self.backing_cap() {
+            self.evict_idle();
+        }
         let access =
             ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_MW_BIND;
         // SAFETY: the bytes lie inside a pool registered with the provider,
-        // which the caller of `register` keeps mapped; deregistered when the
-        // window is revoked, or on drop.
+        // which the caller of `register` keeps mapped; deregistered when
+        // evicted, or on drop.
         let mr = unsafe { ibv_reg_mr(self.pd, addr as *mut _, len as usize, access.0 as c_int) };
         if mr.is_null() {
             return Err(ProviderError::GrantFailed(format!(
@@ -150,21 +204,54 @@ impl WindowPool {
                 io::Error::last_os_error()
             )));
         }
-        self.windows[i as usize].backing = mr;
+        self.registrations += 1;
+        self.backings.insert(
+            key,
+            Backing {
+                mr,
+                users: 1,
+                last_use: now,
+            },
+        );
+        self.windows[i as usize].backing = Some(key);
         Ok(mr)
     }
 
-    /// Deregisters window `i`'s exact backing, if any (now, or later if the
-    /// device still counts the window as bound to it).
-    fn release_backing(&mut self, i: u32) {
-        let mr = std::mem::replace(&mut self.windows[i as usize].backing, std::ptr::null_mut());
-        if mr.is_null() {
+    /// Deregisters the least recently used idle backing (later, if the
+    /// device still counts a window as bound to it).
+    fn evict_idle(&mut self) {
+        let Some(key) = self
+            .backings
+            .iter()
+            .filter(|(_, b)| b.users == 0)
+            .min_by_key(|(_, b)| b.last_use)
+            .map(|(k, _)| *k)
+        else {
             return;
+        };
+        if let Some(b) = self.backings.remove(&key) {
+            self.deregister(b.mr);
         }
-        // SAFETY: `mr` is a backing registration made by `backing`, released
-        // once (kept in `stale` if the device refuses for now).
+    }
+
+    /// Deregisters a backing registration now, or keeps it in `stale` for
+    /// later if the device refuses (a window still bound onto it).
+    fn deregister(&mut self, mr: *mut ibv_mr) {
+        // SAFETY: `mr` is a backing registration made by `backing`, out of
+        // the cache: released once (kept in `stale` if refused for now).
         if unsafe { ibv_dereg_mr(mr) } != 0 {
             self.stale.push(mr);
+        }
+    }
+
+    /// Window `i` no longer uses its backing (which stays registered for
+    /// the next grant of its range).
+    fn release_backing(&mut self, i: u32) {
+        let Some(key) = self.windows[i as usize].backing.take() else {
+            return;
+        };
+        if let Some(b) = self.backings.get_mut(&key) {
+            b.users = b.users.saturating_sub(1);
         }
     }
 
@@ -210,8 +297,8 @@ impl Drop for WindowPool {
             unsafe { ibv_dealloc_mw(w.mw) };
         }
         // The windows are gone, so their backings are no longer bound.
-        for i in 0..self.windows.len() as u32 {
-            self.release_backing(i);
+        for (_, b) in std::mem::take(&mut self.backings) {
+            self.deregister(b.mr);
         }
         self.retry_stale();
     }

@@ -251,6 +251,18 @@ impl VerbsQp {
         self.max_inline
     }
 
+    /// Registrations made to back memory windows with exactly their granted
+    /// range (devices whose windows are checked against their region only, i.e.
+    /// rxe: `Quirks::window_bounds_from_region`):
+    /// one per distinct range granted while the queue pair lives, not one
+    /// per grant. 0 elsewhere.
+    pub fn backing_registrations(&self) -> u64 {
+        match &self.grants {
+            Grants::Windows(p) => p.backing_registrations(),
+            Grants::Registrations(_) => 0,
+        }
+    }
+
     pub(super) fn set_ird_ord(&mut self, ird: u32, ord: u32) {
         self.ird_ord = (ird, ord);
     }
