@@ -141,6 +141,11 @@ const IDLE_SPINS: u32 = 64;
 /// Grants and revokes posted between two drains of the completion queue
 /// (half the send-queue room [`Client`] keeps for them).
 const LOCAL_WR_BATCH: u32 = 32;
+/// Of the grants and revokes, every this many is signaled (see
+/// [`Smb2Client::local_wr_signaled`]): twice per batch, so a drain finds
+/// the first half retired even when the second's completion is still on
+/// its way.
+const LOCAL_WR_SIGNAL_EVERY: u32 = LOCAL_WR_BATCH / 2;
 /// Bound on the steps of one drain (each polls up to 16 completions).
 const MAX_DRAIN_STEPS: u32 = 64;
 
@@ -1798,11 +1803,12 @@ impl<P: Provider> Smb2Client<P> {
         // Read the clock only if the first attempt has to wait.
         let mut deadline = None;
         loop {
+            let signaled = self.local_wr_signaled();
             match self
                 .c
                 .endpoint_mut()
                 .qp_mut()
-                .grant(LOCAL_WR_ID, sge, access, true)
+                .grant(LOCAL_WR_ID, sge, access, signaled)
             {
                 Ok(g) => {
                     self.st.stats.grants += 1;
@@ -1841,11 +1847,12 @@ impl<P: Provider> Smb2Client<P> {
         // Read the clock only if the first attempt has to wait.
         let mut deadline = None;
         loop {
+            let signaled = self.local_wr_signaled();
             match self
                 .c
                 .endpoint_mut()
                 .qp_mut()
-                .revoke(LOCAL_WR_ID, rkey, true)
+                .revoke(LOCAL_WR_ID, rkey, signaled)
             {
                 Ok(()) => {
                     if !remotely_invalidated {
@@ -1864,10 +1871,25 @@ impl<P: Provider> Smb2Client<P> {
         }
     }
 
+    /// Whether the grant or revoke about to be posted asks for a completion:
+    /// one in [`LOCAL_WR_SIGNAL_EVERY`] does. Nothing waits for
+    /// their completions (a failed one completes anyway, as an error, and
+    /// breaks the queue pair, so the request's Send behind it fails too);
+    /// they only retire send-queue slots, and a signaled work request
+    /// retires every one posted before it on the queue pair: the request's
+    /// own Send (always signaled) right behind its grants, or the next
+    /// signaled grant or revoke, which [`Self::local_wr_room`] drains. Each
+    /// saves a completion (rxe: a completion-queue entry the kernel writes)
+    /// and the poll that would take it, twice per RDMA READ or WRITE.
+    fn local_wr_signaled(&self) -> bool {
+        (self.st.local_wrs + 1) % LOCAL_WR_SIGNAL_EVERY == 0
+    }
+
     /// [`Client`] keeps 64 send-queue slots for grants and revokes beyond
     /// what its own sends may use, and a send that finds the queue full
-    /// ends the connection. A grant or revoke holds its slot until its
-    /// completion is polled, so after every [`LOCAL_WR_BATCH`] of them the
+    /// ends the connection. A grant or revoke holds its slot until a
+    /// signaled work request after it completes, so after every
+    /// [`LOCAL_WR_BATCH`] of them (the last of each half signaled) the
     /// completion queue is drained before the next.
     fn local_wr_room(&mut self) -> Result<(), Smb2Error> {
         if self.st.local_wrs < LOCAL_WR_BATCH {
