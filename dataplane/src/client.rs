@@ -321,27 +321,40 @@ impl<P: Provider> Client<P> {
     /// for its header and goes as one contiguous Send from that buffer
     /// ([`Endpoint::send_with_header_room`]).
     pub fn send(&mut self, msg: &[u8]) -> Result<(), ClientError> {
+        self.send_with(msg.len(), |b| b.copy_from_slice(msg))
+    }
+
+    /// [`Client::send`] of a `len`-byte message that `build` writes in
+    /// place: it gets the pool buffer's `len` bytes the Sends gather from
+    /// (behind room for the header where the message fits one Data
+    /// Transfer message), so the message is never copied. What it does
+    /// not write holds whatever the buffer held before.
+    pub fn send_with(
+        &mut self,
+        len: usize,
+        build: impl FnOnce(&mut [u8]),
+    ) -> Result<(), ClientError> {
         let max_seg =
             (self.ep.connection().params().max_send_size as usize).saturating_sub(HEADER_ROOM);
-        let room = if msg.len() <= max_seg { HEADER_ROOM } else { 0 };
+        let room = if len <= max_seg { HEADER_ROOM } else { 0 };
         let id = self
             .alloc
-            .alloc_len((room + msg.len()).max(1))
+            .alloc_len((room + len).max(1))
             .map_err(|_| ClientError::PoolExhausted)?;
         // SAFETY: `id` was just allocated and is exclusively ours.
-        let copied = match unsafe { self.alloc.pool().bytes_mut(id) } {
-            Some(b) if b.len() >= room + msg.len() => {
-                b[room..room + msg.len()].copy_from_slice(msg);
+        let built = match unsafe { self.alloc.pool().bytes_mut(id) } {
+            Some(b) if b.len() >= room + len => {
+                build(&mut b[room..room + len]);
                 true
             }
             _ => false,
         };
-        if !copied {
+        if !built {
             let _ = self.alloc.free(id);
             return Err(ClientError::PoolExhausted);
         }
         // Posted at once when nothing waits to go before it, else queued.
-        let len = msg.len() as u32;
+        let len = len as u32;
         match self
             .ep
             .send_now(&mut self.alloc, id, room as u32, len, None, room > 0)

@@ -233,11 +233,9 @@ impl<P: Provider> Workload for SendWorkload<'_, P> {
                 self.size
             )));
         }
-        let mut msg = vec![0u8; self.size];
-        pattern::fill(&mut msg, u64::MAX >> 8);
         Ok(SendSession {
             client,
-            msg,
+            len: self.size,
             fifo: Fifo::with_capacity(self.queue_depth as usize),
             verify: self.verify,
             index,
@@ -248,7 +246,8 @@ impl<P: Provider> Workload for SendWorkload<'_, P> {
 /// One SMB Direct connection.
 pub struct SendSession<P: Provider> {
     client: Client<P>,
-    msg: Vec<u8>,
+    /// Bytes of each message.
+    len: usize,
     fifo: Fifo,
     verify: bool,
     index: usize,
@@ -256,13 +255,18 @@ pub struct SendSession<P: Provider> {
 
 impl<P: Provider> Session for SendSession<P> {
     fn start(&mut self, slot: u32, seq: u64) -> Result<(), BenchError> {
-        if self.verify {
-            pattern::fill(&mut self.msg, seq);
-        } else {
-            pattern::stamp(&mut self.msg, seq);
-        }
+        // Built in place in the pool buffer the Sends gather from, as an
+        // upper layer builds its messages: `raw-send` copies nothing
+        // either. Without --verify only the stamp is written.
+        let verify = self.verify;
         self.client
-            .send(&self.msg)
+            .send_with(self.len, |b| {
+                if verify {
+                    pattern::fill(b, seq);
+                } else {
+                    pattern::stamp(b, seq);
+                }
+            })
             .map_err(|e| client_error(self.index, "sending", e))?;
         if !self.fifo.push(slot, seq) {
             return Err(BenchError::failed(
@@ -276,7 +280,7 @@ impl<P: Provider> Session for SendSession<P> {
     fn poll(&mut self, done: &mut dyn FnMut(Outcome)) -> Result<bool, BenchError> {
         let SendSession {
             client,
-            msg,
+            len,
             fifo,
             verify,
             index,
@@ -284,7 +288,7 @@ impl<P: Provider> Session for SendSession<P> {
         let mut unexpected = false;
         let r = client.step(&mut |m, _| match fifo.pop() {
             Some((slot, seq)) => {
-                let ok = m.len() == msg.len()
+                let ok = m.len() == *len
                     && pattern::stamped(m, seq)
                     && (!*verify || pattern::check(m, seq));
                 done(Outcome { slot, ok });
