@@ -109,6 +109,19 @@ impl End {
     }
 }
 
+/// The test's address and a provider granting through memory windows, or
+/// None (said why: no device, or `why` when the device has no type-2
+/// windows).
+fn window_provider(test: &str, why: &str) -> Option<(IpAddr, VerbsProvider)> {
+    let ip = test_ip(test)?;
+    let p = open(GrantMode::Auto);
+    if p.grant_mechanism() != GrantMechanism::MemoryWindow {
+        say(&format!("{test}: skipped: {why}"));
+        return None;
+    }
+    Some((ip, p))
+}
+
 fn region(p: &VerbsProvider) -> MemoryRegion {
     let buf: &'static mut [u8] = Box::leak(vec![0u8; BUF].into_boxed_slice());
     // SAFETY: leaked, so it stays mapped for the life of the process.
@@ -558,14 +571,12 @@ fn verbs_bad_wrong_direction_and_revoked_tokens_are_remote_access_errors() {
 
 #[test]
 fn verbs_window_grant_is_usable_through_its_queue_pair_only() {
-    let Some(ip) = test_ip("verbs_window_grant_is_usable_through_its_queue_pair_only") else {
+    let Some((ip, p)) = window_provider(
+        "verbs_window_grant_is_usable_through_its_queue_pair_only",
+        "device has no type-2 memory windows",
+    ) else {
         return;
     };
-    let p = open(GrantMode::Auto);
-    if p.grant_mechanism() != GrantMechanism::MemoryWindow {
-        say("verbs_window_grant_is_usable_through_its_queue_pair_only: skipped: device has no type-2 memory windows");
-        return;
-    }
     let mut a = pair(&p, ip, 0);
     let mut b = pair(&p, ip, 0);
     let g = a
@@ -615,16 +626,12 @@ fn verbs_window_grant_is_usable_through_its_queue_pair_only() {
 
 #[test]
 fn verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds() {
-    let Some(ip) =
-        test_ip("verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds")
-    else {
+    let Some((ip, p)) = window_provider(
+        "verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds",
+        "no memory windows",
+    ) else {
         return;
     };
-    let p = open(GrantMode::Auto);
-    if p.grant_mechanism() != GrantMechanism::MemoryWindow {
-        say("verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds: skipped: no memory windows");
-        return;
-    }
     let mut pr = pair(&p, ip, 0);
     // As an SMB client does with its I/O buffers: grant the same 4 KiB,
     // revoke it, again and again (and a second range in between).
@@ -690,14 +697,12 @@ fn verbs_regranting_a_range_reuses_its_window_backing_and_keeps_its_bounds() {
 
 #[test]
 fn verbs_send_with_invalidate_revokes_the_receivers_grant() {
-    let Some(ip) = test_ip("verbs_send_with_invalidate_revokes_the_receivers_grant") else {
+    let Some((ip, p)) = window_provider(
+        "verbs_send_with_invalidate_revokes_the_receivers_grant",
+        "per-I/O registrations cannot be remotely invalidated",
+    ) else {
         return;
     };
-    let p = open(GrantMode::Auto);
-    if p.grant_mechanism() != GrantMechanism::MemoryWindow {
-        say("verbs_send_with_invalidate_revokes_the_receivers_grant: skipped: per-I/O registrations cannot be remotely invalidated");
-        return;
-    }
     let mut pr = pair(&p, ip, 0);
     let (s, c) = (&mut pr.server, &mut pr.client);
     // The client grants (as an SMB client does for a READ) and waits for a
