@@ -1,0 +1,696 @@
+//! Mutated SMB2 requests inside live sessions ([MS-SMB2] 3.3.5): the
+//! other SMB2 cases each break one rule on purpose; this one breaks them at
+//! random, after NEGOTIATE, SESSION_SETUP and TREE_CONNECT, against a real
+//! open file and directory and buffers granted for RDMA, so the command
+//! handlers behind the decoders (CREATE and its name, READ/WRITE offsets
+//! and lengths, QUERY_INFO and SET_INFO classes and buffers, rename
+//! targets, QUERY_DIRECTORY patterns, LOCK ranges, FSCTLs, compound chains,
+//! RDMA channel descriptors) see what no well-behaved client sends. A
+//! descriptor changed so that it names memory never granted makes the
+//! server's RDMA fail at the provider, which ends that connection.
+//!
+//! A seeded generator takes a valid request of one of the templates below
+//! and changes one to three things in it: random bytes, a boundary integer
+//! (0, 0x80.., 0xff..) at any offset, a truncation, a tail of random bytes,
+//! or, in about one request in eight, a header field other than MessageId.
+//!
+//! `SMBDIRECTD_TORTURE_SEED` (decimal or 0x hex) replays or varies the
+//! sequence, `SMBDIRECTD_TORTURE_MUTATIONS` sets how many requests (both
+//! read by the tool, for longer campaigns; docs/reliability.md).
+//!
+//! What the server must do with each ([MS-SMB2] 3.3.5.2): answer it (any
+//! status), or end the connection where 3.3.5.2 says to; only a CANCEL
+//! goes unanswered (3.3.5.16), and anything else left without a response
+//! for --timeout on an open connection fails the case. Whatever it did, the connection is then asked for
+//! an ECHO: a connection still open must answer it. It must never crash or
+//! stall, and a bystander session must keep working; the harness around
+//! every case then checks the daemon's live connections (and the torture
+//! test that every pool buffer comes back on shutdown and no panic was
+//! printed).
+
+use super::rig::Rig;
+use super::smb2_peer::{message_bytes, Reply, Smb2Peer};
+use super::{Case, Layer, Observation};
+use smbdirect_dataplane::client::buffer_descriptor;
+use smbdirect_dataplane::provider::{Access, Provider};
+use smbdirect_hugepages::BufId;
+use smbdirect_protocol::ntstatus::STATUS_SUCCESS;
+use smbdirect_protocol::smb2::fscc::FileInfoClass;
+use smbdirect_protocol::smb2::{
+    AccessMask, ChangeNotifyFlags, ChangeNotifyRequestRepr, Channel, ChannelInfo, CloseFlags,
+    CloseRequestRepr, Command, CompletionFilter, CompoundWriter, CreateContextList,
+    CreateDisposition, CreateOptions, CreateRequestRepr, EchoRequestRepr, FileAttributes, FileId,
+    FlushRequestRepr, HeaderFlags, ImpersonationLevel, InfoType, IoctlRequestRepr, LockElement,
+    LockElements, LockFlags, LockRequestRepr, OplockLevel, QueryDirectoryFlags,
+    QueryDirectoryRequestRepr, QueryInfoFlags, QueryInfoRequestRepr, ReadFlags, ReadRequestRepr,
+    SetInfoRequestRepr, ShareAccess, Utf16Str, WriteFlags, WriteRequestRepr,
+    FSCTL_QUERY_NETWORK_INTERFACE_INFO, FSCTL_VALIDATE_NEGOTIATE_INFO, HEADER_LEN,
+};
+use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
+use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
+use std::time::{Duration, Instant};
+
+type Outcome = Result<Observation, String>;
+
+/// Mutated requests per run (a few seconds on the soft provider).
+const REQUESTS: usize = 1200;
+/// Requests before a session is replaced by a fresh one (its open file
+/// may have been renamed, truncated, locked or marked for deletion).
+const PER_SESSION: usize = 150;
+/// How long a CANCEL is given to show that it goes unanswered.
+const QUIET: Duration = Duration::from_millis(300);
+/// SMB2 CANCEL's command code ([MS-SMB2] 2.2.1.2).
+const CANCEL: u16 = 0x000c;
+
+pub(super) fn cases<P: Provider>() -> Vec<Case<P>> {
+    vec![Case {
+        name: "smb2-mutated-requests",
+        layer: Layer::Smb2,
+        rule: "[MS-SMB2] 3.3.5.2 (every request answered, or the connection ended), 3.3.5.16 (CANCEL unanswered)",
+        expected: "each of 1,200 randomly mutated requests in live sessions is answered (a CANCEL never) or ends its connection; an open connection then answers ECHO; a bystander keeps working",
+        run: mutated_requests::<P>,
+    }]
+}
+
+/// A session with something to work on.
+struct Target<P: Provider> {
+    peer: Smb2Peer<P>,
+    file: FileId,
+    dir: FileId,
+    /// Granted to the server: a buffer its RDMA Writes may fill (READ) and
+    /// one its RDMA Reads may read (WRITE); revoked and freed at the end.
+    sink: BufferDescriptorRepr,
+    source: BufferDescriptorRepr,
+    bufs: Vec<BufId>,
+    rkeys: Vec<u32>,
+    /// Requests sent on it so far.
+    sent: usize,
+}
+
+impl<P: Provider> Drop for Target<P> {
+    /// The grants revoked and the buffers back to the rig's pool, whether
+    /// or not the connection still stands (dropping the peer then closes
+    /// it).
+    fn drop(&mut self) {
+        let c = self.peer.client_mut();
+        for rkey in self.rkeys.drain(..) {
+            let _ = c.revoke(rkey);
+        }
+        for id in self.bufs.drain(..) {
+            c.free_buffer(id);
+        }
+    }
+}
+
+/// A pool buffer of [`RDMA_LEN`] bytes granted `access`.
+fn grant<P: Provider>(
+    peer: &mut Smb2Peer<P>,
+    bufs: &mut Vec<BufId>,
+    rkeys: &mut Vec<u32>,
+    access: Access,
+) -> Result<BufferDescriptorRepr, String> {
+    let c = peer.client_mut();
+    let id = c
+        .alloc_buffer(RDMA_LEN)
+        .map_err(|e| format!("buffer: {e}"))?;
+    bufs.push(id);
+    let g = c
+        .grant(id, 0, RDMA_LEN, access)
+        .map_err(|e| format!("grant: {e}"))?;
+    rkeys.push(g.rkey);
+    Ok(buffer_descriptor(&g))
+}
+
+/// Bytes of each granted buffer (above the client's 8 KiB receive class).
+const RDMA_LEN: usize = 16384;
+
+fn target<P: Provider>(rig: &mut Rig<P>) -> Result<Target<P>, String> {
+    let (mut peer, file) = Smb2Peer::with_file(rig, "mutated")?;
+    let dir = format!(
+        "torture-mutated-dir-{}-{}",
+        std::process::id(),
+        rig.next_seq()
+    );
+    let dir = peer.create(&dir, true)?;
+    peer.ensure_credits(128)?;
+    let (mut bufs, mut rkeys) = (Vec::new(), Vec::new());
+    let sink = grant(&mut peer, &mut bufs, &mut rkeys, Access::RemoteWrite)?;
+    let source = grant(&mut peer, &mut bufs, &mut rkeys, Access::RemoteRead)?;
+    Ok(Target {
+        peer,
+        file,
+        dir,
+        sink,
+        source,
+        bufs,
+        rkeys,
+        sent: 0,
+    })
+}
+
+/// What happened to the requests, for the observation.
+#[derive(Default)]
+struct Tally {
+    answered: usize,
+    succeeded: usize,
+    disconnects: usize,
+    quiet: usize,
+    sessions: usize,
+}
+
+fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
+    let started = Instant::now();
+    let mut bystander = rig.healthy()?;
+    bystander.round_trip(rig.timeout)?;
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| parse_u64(&v));
+    let requests = env("SMBDIRECTD_TORTURE_MUTATIONS").map_or(REQUESTS, |n| n as usize);
+    let mut seed = env("SMBDIRECTD_TORTURE_SEED").unwrap_or_else(|| {
+        0x2545_f491_4f6c_dd1du64 ^ rig.next_seq().wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
+    // xorshift has one fixed point.
+    seed = seed.max(1);
+    let first_seed = seed;
+    let mut tally = Tally::default();
+    let mut t: Option<Target<P>> = None;
+    for trial in 0..requests {
+        let tg = match t.as_mut() {
+            Some(tg) if tg.sent < PER_SESSION => tg,
+            _ => {
+                // The old session (if any) ends first.
+                t = None;
+                tally.sessions += 1;
+                t.insert(target(rig)?)
+            }
+        };
+        if tg.peer.credits() < 16 {
+            if let Err(e) = tg.peer.ensure_credits(128) {
+                return Ok(Observation::fail(format!(
+                    "request {trial} (seed {first_seed:#x}): asking for credits after an answered request: {e}"
+                )));
+            }
+        }
+        tg.sent += 1;
+        let name = format!("m{trial}.dat");
+        let template = next(&mut seed) % TEMPLATES;
+        let mut bytes = build(tg, template, &name, &mut seed)?;
+        let what = mutate(&mut bytes, &mut seed);
+        let command = bytes
+            .get(12..14)
+            .map_or(0, |c| u16::from_le_bytes([c[0], c[1]]));
+        if tg.peer.send(&bytes).is_err() {
+            // The connection had already ended (an earlier request of
+            // this session asked for it): a fresh session next.
+            tally.disconnects += 1;
+            t = None;
+            continue;
+        }
+        // A CANCEL gets QUIET to show it is not answered; anything else
+        // the whole --timeout (a loaded host) before silence fails it.
+        let wait = if command == CANCEL {
+            QUIET
+        } else {
+            rig.timeout.max(QUIET)
+        };
+        match tg.peer.recv(wait) {
+            Reply::Response(r) => {
+                tally.answered += 1;
+                if r.header.status == STATUS_SUCCESS {
+                    tally.succeeded += 1;
+                }
+            }
+            Reply::Closed(_) => {
+                tally.disconnects += 1;
+                t = None;
+                continue;
+            }
+            // [MS-SMB2] 3.3.5.16: "The server MUST NOT send a response
+            // to a CANCEL request"; every other request gets one.
+            Reply::Silent if command == CANCEL => tally.quiet += 1,
+            Reply::Silent => {
+                return Ok(Observation::fail(format!(
+                    "request {trial} (seed {first_seed:#x}, template {template}, command {command:#x}, {what}): no response in {wait:?} and the connection still open"
+                )))
+            }
+            Reply::Garbage(g) => {
+                return Ok(Observation::fail(format!(
+                    "request {trial} (seed {first_seed:#x}, template {template}, {what}): the server sent a message that is not an SMB2 response: {g}"
+                )))
+            }
+        }
+        // Answered or not, an open connection must answer an ECHO (late
+        // answers to the mutated request, or an interim STATUS_PENDING's
+        // final response, may come first).
+        match echo_after(&mut tg.peer, rig.timeout.max(Duration::from_secs(5))) {
+            Ok(true) => {}
+            Ok(false) => {
+                tally.disconnects += 1;
+                t = None;
+            }
+            Err(e) => {
+                return Ok(Observation::fail(format!(
+                    "request {trial} (seed {first_seed:#x}, template {template}, command {command:#x}, {what}): {e}"
+                )))
+            }
+        }
+        if trial % 64 == 63 {
+            bystander.idle_step()?;
+        }
+    }
+    drop(t);
+    let rtt = bystander.round_trip(rig.timeout)?;
+    bystander.close();
+    Ok(Observation::pass(format!(
+        "{requests} mutated requests (seed {first_seed:#x}) in {} sessions: {} answered ({} with STATUS_SUCCESS), {} ended their connection, {} CANCELs left unanswered; the bystander's round trip took {} us; {:.1} s",
+        tally.sessions,
+        tally.answered,
+        tally.succeeded,
+        tally.disconnects,
+        tally.quiet,
+        rtt.as_micros(),
+        started.elapsed().as_secs_f64()
+    )))
+}
+
+/// Sends an ECHO and waits for its response, skipping other responses.
+/// `Ok(true)`: answered; `Ok(false)`: the connection ended; `Err`: it
+/// stayed open and silent, or answered something else.
+fn echo_after<P: Provider>(peer: &mut Smb2Peer<P>, timeout: Duration) -> Result<bool, String> {
+    let bytes = peer.build(Command::Echo, 1, &EchoRequestRepr)?;
+    let id = peer.next_message_id() - 1;
+    if peer.send(&bytes).is_err() {
+        return Ok(false);
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "the connection stayed open but its ECHO (MessageId {id}) was not answered in {timeout:?}"
+            ));
+        }
+        match peer.recv(left) {
+            Reply::Response(r) if r.header.message_id == id => {
+                return if r.header.command == Command::Echo && r.header.status == STATUS_SUCCESS {
+                    Ok(true)
+                } else {
+                    Err(format!(
+                        "the ECHO (MessageId {id}) was answered with {:?} {}",
+                        r.header.command, r.header.status
+                    ))
+                };
+            }
+            Reply::Response(_) => continue,
+            Reply::Closed(_) => return Ok(false),
+            Reply::Silent => continue,
+            Reply::Garbage(g) => {
+                return Err(format!("a message that is not an SMB2 response: {g}"))
+            }
+        }
+    }
+}
+
+/// A decimal or 0x-prefixed hexadecimal number.
+fn parse_u64(v: &str) -> Option<u64> {
+    match v.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+const TEMPLATES: u64 = 19;
+
+/// FileInformationClass values QUERY_INFO and SET_INFO take ([MS-FSCC] 2.4).
+const FILE_CLASSES: [u8; 12] = [4, 5, 6, 7, 8, 9, 10, 13, 14, 18, 20, 34];
+/// FsInformationClass values ([MS-FSCC] 2.5).
+const FS_CLASSES: [u8; 7] = [1, 3, 4, 5, 6, 7, 11];
+/// Directory enumeration classes ([MS-FSCC] 2.4).
+const DIR_CLASSES: [u8; 6] = [1, 2, 3, 12, 37, 38];
+
+/// The valid request of template `k` (the peer's next MessageId).
+fn build<P: Provider>(
+    t: &mut Target<P>,
+    k: u64,
+    name: &str,
+    seed: &mut u64,
+) -> Result<Vec<u8>, String> {
+    let (file, dir, sink, source) = (t.file, t.dir, t.sink, t.source);
+    let p = &mut t.peer;
+    let channel = |s: &mut u64| {
+        if next(s) % 2 == 0 {
+            Channel::RdmaV1
+        } else {
+            Channel::RdmaV1Invalidate
+        }
+    };
+    let pick = |s: &mut u64, v: &[u8]| v[(next(s) % v.len() as u64) as usize];
+    let create = |name| CreateRequestRepr {
+        security_flags: 0,
+        requested_oplock_level: OplockLevel::NONE,
+        impersonation_level: ImpersonationLevel::IMPERSONATION,
+        smb_create_flags: 0,
+        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
+        file_attributes: FileAttributes::NORMAL,
+        share_access: ShareAccess::READ | ShareAccess::WRITE,
+        create_disposition: CreateDisposition::OPEN_IF,
+        create_options: CreateOptions::NON_DIRECTORY_FILE,
+        name: Utf16Str::new(name),
+        create_contexts: CreateContextList::EMPTY,
+    };
+    let query = |info_type, class, fid| QueryInfoRequestRepr {
+        info_type,
+        file_info_class: class,
+        output_buffer_length: 4096,
+        input: &[],
+        additional_information: 0,
+        flags: QueryInfoFlags::empty(),
+        file_id: fid,
+    };
+    match k {
+        0 => p.build(Command::Create, 1, &create(name)),
+        1 => p.build(
+            Command::Read,
+            1,
+            &ReadRequestRepr {
+                padding: 0x50,
+                flags: ReadFlags::empty(),
+                length: 4096,
+                offset: 512,
+                file_id: file,
+                minimum_count: 0,
+                channel: Channel::None,
+                remaining_bytes: 0,
+                channel_info: ChannelInfo::EMPTY,
+            },
+        ),
+        2 => p.build(
+            Command::Write,
+            1,
+            &WriteRequestRepr {
+                offset: 100,
+                file_id: file,
+                channel: Channel::None,
+                remaining_bytes: 0,
+                flags: WriteFlags::empty(),
+                data: &[0xa5; 600],
+                channel_info: ChannelInfo::EMPTY,
+            },
+        ),
+        3 => {
+            let c = pick(seed, &FILE_CLASSES);
+            p.build(Command::QueryInfo, 1, &query(InfoType::FILE, c, file))
+        }
+        4 => {
+            let c = pick(seed, &FS_CLASSES);
+            p.build(Command::QueryInfo, 1, &query(InfoType::FILESYSTEM, c, file))
+        }
+        5..=8 => {
+            // End of file, basic, rename (to a sibling), disposition.
+            let (class, data): (u8, Vec<u8>) = match k {
+                5 => (20, 8192u64.to_le_bytes().to_vec()),
+                6 => {
+                    let mut b = vec![0u8; 40];
+                    b[8..16].copy_from_slice(&0x01d9_0000_0000_0000u64.to_le_bytes());
+                    b[32..36].copy_from_slice(&0x20u32.to_le_bytes());
+                    (4, b)
+                }
+                7 => {
+                    let target: Vec<u8> = format!("r{}", next(seed) % 1000)
+                        .encode_utf16()
+                        .flat_map(u16::to_le_bytes)
+                        .collect();
+                    let mut b = vec![0u8; 20];
+                    b[16..20].copy_from_slice(&(target.len() as u32).to_le_bytes());
+                    b.extend_from_slice(&target);
+                    (10, b)
+                }
+                _ => (13, vec![0u8]),
+            };
+            p.build(
+                Command::SetInfo,
+                1,
+                &SetInfoRequestRepr {
+                    info_type: InfoType::FILE,
+                    file_info_class: class,
+                    data: &data,
+                    additional_information: 0,
+                    file_id: file,
+                },
+            )
+        }
+        9 => {
+            let c = pick(seed, &DIR_CLASSES);
+            p.build(
+                Command::QueryDirectory,
+                1,
+                &QueryDirectoryRequestRepr {
+                    file_information_class: FileInfoClass(c),
+                    flags: QueryDirectoryFlags::RESTART_SCANS,
+                    file_index: 0,
+                    file_id: dir,
+                    file_name: Utf16Str::new("*"),
+                    output_buffer_length: 8192,
+                },
+            )
+        }
+        10 => {
+            let el = [LockElement {
+                offset: next(seed) % 8192,
+                length: 1 + next(seed) % 4096,
+                flags: LockFlags::EXCLUSIVE.with(LockFlags::FAIL_IMMEDIATELY),
+            }];
+            p.build(
+                Command::Lock,
+                1,
+                &LockRequestRepr {
+                    lock_sequence: 0,
+                    file_id: file,
+                    locks: LockElements::new(&el),
+                },
+            )
+        }
+        11 => p.build(Command::Flush, 1, &FlushRequestRepr { file_id: file }),
+        12 => {
+            let (code, input): (u32, Vec<u8>) = match next(seed) % 3 {
+                0 => {
+                    // Capabilities, Guid, SecurityMode, DialectCount, Dialects.
+                    let mut b = vec![0u8; 24];
+                    b[20..22].copy_from_slice(&1u16.to_le_bytes());
+                    b[22..24].copy_from_slice(&2u16.to_le_bytes());
+                    b.extend_from_slice(&0x0300u16.to_le_bytes());
+                    b.extend_from_slice(&0x0311u16.to_le_bytes());
+                    (FSCTL_VALIDATE_NEGOTIATE_INFO, b)
+                }
+                1 => (FSCTL_QUERY_NETWORK_INTERFACE_INFO, Vec::new()),
+                _ => {
+                    let n = (next(seed) % 160) as usize;
+                    let b = (0..n).map(|_| next(seed) as u8).collect();
+                    (FSCTL_STORAGE_QOS_CONTROL, b)
+                }
+            };
+            let fid = if code == FSCTL_STORAGE_QOS_CONTROL {
+                file
+            } else {
+                FileId::new(u64::MAX, u64::MAX)
+            };
+            p.build(
+                Command::Ioctl,
+                1,
+                &IoctlRequestRepr::fsctl(code, fid, &input, 4096),
+            )
+        }
+        13 => p.build(
+            Command::ChangeNotify,
+            1,
+            &ChangeNotifyRequestRepr {
+                flags: ChangeNotifyFlags::empty(),
+                output_buffer_length: 4096,
+                file_id: dir,
+                completion_filter: CompletionFilter::from_bits(0x17),
+            },
+        ),
+        14 => p.build(
+            Command::Close,
+            1,
+            &CloseRequestRepr {
+                flags: CloseFlags::from_bits(1),
+                file_id: FileId::new(next(seed), next(seed)),
+            },
+        ),
+        15 => {
+            // CREATE + QUERY_INFO + CLOSE, the last two related (the chain
+            // the Linux client sends).
+            let mut buf = vec![0u8; 1024];
+            let mut w = CompoundWriter::new(&mut buf);
+            let all = FileId::new(u64::MAX, u64::MAX);
+            let h = p.header(Command::Create, 1);
+            w.push(&h, &create(name)).map_err(|e| e.to_string())?;
+            let mut h = p.header(Command::QueryInfo, 1);
+            h.flags = h.flags.with(HeaderFlags::RELATED_OPERATIONS);
+            w.push(&h, &query(InfoType::FILE, 18, all))
+                .map_err(|e| e.to_string())?;
+            let mut h = p.header(Command::Close, 1);
+            h.flags = h.flags.with(HeaderFlags::RELATED_OPERATIONS);
+            w.push(
+                &h,
+                &CloseRequestRepr {
+                    flags: CloseFlags::empty(),
+                    file_id: all,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            let n = w.finish();
+            buf.truncate(n);
+            Ok(buf)
+        }
+        16 => {
+            // READ through the RDMA channel into the granted sink.
+            let descs = [sink];
+            p.build(
+                Command::Read,
+                1,
+                &ReadRequestRepr {
+                    padding: 0x50,
+                    flags: ReadFlags::empty(),
+                    length: 4096,
+                    offset: next(seed) % 8192,
+                    file_id: file,
+                    minimum_count: 0,
+                    channel: channel(seed),
+                    remaining_bytes: 0,
+                    channel_info: ChannelInfo::descriptors(&descs),
+                },
+            )
+        }
+        17 => {
+            // WRITE through the RDMA channel from the granted source.
+            let descs = [source];
+            p.build(
+                Command::Write,
+                1,
+                &WriteRequestRepr {
+                    offset: next(seed) % 8192,
+                    file_id: file,
+                    channel: channel(seed),
+                    remaining_bytes: 4096,
+                    flags: WriteFlags::empty(),
+                    data: &[],
+                    channel_info: ChannelInfo::descriptors(&descs),
+                },
+            )
+        }
+        _ => {
+            let h = p.header(Command::Echo, 1);
+            message_bytes(&h, &EchoRequestRepr)
+        }
+    }
+}
+
+/// Boundary values a field is set to.
+const EDGES: [u64; 10] = [
+    0,
+    1,
+    0x7f,
+    0x80,
+    0xff,
+    0x7fff,
+    0xffff,
+    0x8000_0000,
+    0xffff_ffff,
+    u64::MAX,
+];
+
+/// Changes one to three things in `msg` (mostly after the first header;
+/// the MessageId is left alone, so the sequence window stays in step).
+/// Returns what it did, for a failure report.
+fn mutate(msg: &mut Vec<u8>, seed: &mut u64) -> String {
+    let mut did = Vec::new();
+    for _ in 0..1 + next(seed) % 3 {
+        let len = msg.len();
+        let body = HEADER_LEN.min(len);
+        match next(seed) % 8 {
+            0 | 1 if len > body => {
+                let n = 1 + next(seed) % 8;
+                for _ in 0..n {
+                    let i = body + (next(seed) % (len - body) as u64) as usize;
+                    msg[i] = next(seed) as u8;
+                }
+                did.push(format!("{n} random byte(s)"));
+            }
+            2 | 3 if len > body => {
+                let width = [1usize, 2, 4, 8][(next(seed) % 4) as usize];
+                let i = body + (next(seed) % (len - body) as u64) as usize;
+                let v = EDGES[(next(seed) % EDGES.len() as u64) as usize].to_le_bytes();
+                let end = (i + width).min(len);
+                msg[i..end].copy_from_slice(&v[..end - i]);
+                did.push(format!("{width}-byte edge value at {i}"));
+            }
+            4 if len > body => {
+                let keep = body + (next(seed) % (len - body) as u64) as usize;
+                msg.truncate(keep.max(1));
+                did.push(format!("truncated to {keep}"));
+            }
+            5 => {
+                let n = 1 + next(seed) % 64;
+                msg.extend((0..n).map(|_| next(seed) as u8));
+                did.push(format!("{n} byte(s) appended"));
+            }
+            6 | 7 if next(seed) % 4 == 0 && len >= HEADER_LEN => {
+                // A header field other than ProtocolId, StructureSize and
+                // MessageId: CreditCharge, Command, Flags, NextCommand,
+                // TreeId, SessionId.
+                let (at, width) = [
+                    (6usize, 2usize),
+                    (12, 2),
+                    (16, 4),
+                    (20, 4),
+                    (36, 4),
+                    (40, 8),
+                ][(next(seed) % 6) as usize];
+                let v = if next(seed) % 2 == 0 {
+                    EDGES[(next(seed) % EDGES.len() as u64) as usize]
+                } else {
+                    next(seed) % 0x20
+                };
+                msg[at..at + width].copy_from_slice(&v.to_le_bytes()[..width]);
+                did.push(format!("header bytes {at}..{} set to {v:#x}", at + width));
+            }
+            _ => {}
+        }
+    }
+    if did.is_empty() {
+        did.push("unchanged".into());
+    }
+    did.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mutations_leave_the_message_id_and_change_the_message() {
+        let mut seed = 7u64;
+        let mut changed = 0;
+        for _ in 0..2000 {
+            let mut m: Vec<u8> = (0..200u8).collect();
+            let before = m.clone();
+            let what = mutate(&mut m, &mut seed);
+            if m.len() >= 32 {
+                assert_eq!(m[24..32], before[24..32], "MessageId touched: {what}");
+            }
+            if m != before {
+                changed += 1;
+            }
+        }
+        // Most draws change something (a few only skip: an unlucky header
+        // draw on every round).
+        assert!(changed > 1800, "{changed} of 2000 changed");
+    }
+}
