@@ -58,7 +58,7 @@ impl Pressure {
                 "wait(s) for a free pool buffer (pool_stalls; the pool is exhausted: see --pool-mem)"
             }
             Pressure::StoreFull => {
-                "request(s) refused with STATUS_DISK_FULL (the store is full: see --store-size)"
+                "request(s) refused with STATUS_DISK_FULL (no room in the store for them: see --store-size)"
             }
         }
     }
@@ -114,7 +114,7 @@ impl PressureLog {
         self.store_full = t.store_full;
         if let Some(n) = self.kinds[Pressure::StoreFull as usize].hit_n(now, full) {
             crate::warn!(
-                "{} request(s) refused with STATUS_DISK_FULL since the last such line: the store is full (store_full {}; raise --store-size or free space)",
+                "{} request(s) refused with STATUS_DISK_FULL since the last such line: the store had no room for them, because it is full or because one asked for more than it holds (store_full {}; raise --store-size or free space)",
                 n + 1,
                 t.store_full
             );
