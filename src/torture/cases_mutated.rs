@@ -87,19 +87,22 @@ struct Target<P: Provider> {
     sent: usize,
 }
 
-impl<P: Provider> Drop for Target<P> {
-    /// The grants revoked and the buffers back to the rig's pool, whether
-    /// or not the connection still stands (dropping the peer then closes
-    /// it).
-    fn drop(&mut self) {
-        let c = self.peer.client_mut();
-        for rkey in self.rkeys.drain(..) {
-            let _ = c.revoke(rkey);
-        }
-        for id in self.bufs.drain(..) {
-            c.free_buffer(id);
-        }
+/// Ends the session in `t`, if any: grants revoked, buffers back to the
+/// rig's pool and the connection closed, its posted receives drained (a
+/// client dropped without `close` keeps them), whether or not the server
+/// already ended it.
+fn end<P: Provider>(t: &mut Option<Target<P>>) {
+    let Some(mut old) = t.take() else {
+        return;
+    };
+    let c = old.peer.client_mut();
+    for rkey in old.rkeys.drain(..) {
+        let _ = c.revoke(rkey);
     }
+    for id in old.bufs.drain(..) {
+        c.free_buffer(id);
+    }
+    old.peer.close();
 }
 
 /// A pool buffer of [`RDMA_LEN`] bytes granted `access`.
@@ -177,13 +180,14 @@ fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
             Some(tg) if tg.sent < PER_SESSION => tg,
             _ => {
                 // The old session (if any) ends first.
-                t = None;
+                end(&mut t);
                 tally.sessions += 1;
                 t.insert(target(rig)?)
             }
         };
         if tg.peer.credits() < 16 {
             if let Err(e) = tg.peer.ensure_credits(128) {
+                end(&mut t);
                 return Ok(Observation::fail(format!(
                     "request {trial} (seed {first_seed:#x}): asking for credits after an answered request: {e}"
                 )));
@@ -201,7 +205,7 @@ fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
             // The connection had already ended (an earlier request of
             // this session asked for it): a fresh session next.
             tally.disconnects += 1;
-            t = None;
+            end(&mut t);
             continue;
         }
         // A CANCEL gets QUIET to show it is not answered; anything else
@@ -220,21 +224,23 @@ fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
             }
             Reply::Closed(_) => {
                 tally.disconnects += 1;
-                t = None;
+                end(&mut t);
                 continue;
             }
             // [MS-SMB2] 3.3.5.16: "The server MUST NOT send a response
             // to a CANCEL request"; every other request gets one.
             Reply::Silent if command == CANCEL => tally.quiet += 1,
             Reply::Silent => {
+                end(&mut t);
                 return Ok(Observation::fail(format!(
                     "request {trial} (seed {first_seed:#x}, template {template}, command {command:#x}, {what}): no response in {wait:?} and the connection still open"
-                )))
+                )));
             }
             Reply::Garbage(g) => {
+                end(&mut t);
                 return Ok(Observation::fail(format!(
                     "request {trial} (seed {first_seed:#x}, template {template}, {what}): the server sent a message that is not an SMB2 response: {g}"
-                )))
+                )));
             }
         }
         // Answered or not, an open connection must answer an ECHO (late
@@ -244,19 +250,20 @@ fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
             Ok(true) => {}
             Ok(false) => {
                 tally.disconnects += 1;
-                t = None;
+                end(&mut t);
             }
             Err(e) => {
+                end(&mut t);
                 return Ok(Observation::fail(format!(
                     "request {trial} (seed {first_seed:#x}, template {template}, command {command:#x}, {what}): {e}"
-                )))
+                )));
             }
         }
         if trial % 64 == 63 {
             bystander.idle_step()?;
         }
     }
-    drop(t);
+    end(&mut t);
     let rtt = bystander.round_trip(rig.timeout)?;
     bystander.close();
     Ok(Observation::pass(format!(
