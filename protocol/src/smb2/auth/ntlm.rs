@@ -224,15 +224,26 @@ impl core::fmt::Display for AuthError {
                 write!(f, "NTLMv1/LM response refused (only NTLMv2 is accepted)")
             }
             AuthError::AnonymousRefused => write!(f, "anonymous logon refused"),
-            AuthError::UnknownUser { user, domain } => {
-                write!(f, "unknown user '{user}' (domain '{domain}')")
-            }
-            AuthError::WrongPassword { user, domain } => {
-                write!(f, "wrong password for '{user}' (domain '{domain}')")
-            }
-            AuthError::MicMismatch { user } => {
-                write!(f, "NTLMSSP MIC mismatch for '{user}' (tampered exchange?)")
-            }
+            // The names are the peer's: escaped (control characters,
+            // quotes, backslashes), so that a name cannot forge a log line
+            // or drive the operator's terminal.
+            AuthError::UnknownUser { user, domain } => write!(
+                f,
+                "unknown user '{}' (domain '{}')",
+                user.escape_debug(),
+                domain.escape_debug()
+            ),
+            AuthError::WrongPassword { user, domain } => write!(
+                f,
+                "wrong password for '{}' (domain '{}')",
+                user.escape_debug(),
+                domain.escape_debug()
+            ),
+            AuthError::MicMismatch { user } => write!(
+                f,
+                "NTLMSSP MIC mismatch for '{}' (tampered exchange?)",
+                user.escape_debug()
+            ),
             AuthError::MechListMicMismatch => write!(f, "SPNEGO mechListMIC mismatch"),
             AuthError::NoCommonMechanism => {
                 write!(f, "the client offers no mechanism but NTLMSSP is supported")
@@ -1760,5 +1771,38 @@ pub(crate) mod tests {
             s.on_negotiate(&NegotiateMessage { flags: NtlmClient::DEFAULT_FLAGS }.emit()).unwrap();
             let _ = s.on_authenticate(&m, |_, _| Some([1; 16]));
         }
+    }
+
+    #[test]
+    fn peer_names_in_errors_cannot_forge_a_log_line() {
+        let e = AuthError::UnknownUser {
+            user: "eve\nsmbdirectd: info: all good\u{1b}[2J".into(),
+            domain: "d'\r".into(),
+        };
+        let s = e.to_string();
+        assert!(
+            !s.contains('\n') && !s.contains('\r') && !s.contains('\u{1b}'),
+            "{s}"
+        );
+        assert_eq!(
+            s,
+            "unknown user 'eve\\nsmbdirectd: info: all good\\u{1b}[2J' (domain 'd\\'\\r')"
+        );
+        let e = AuthError::MicMismatch {
+            user: "a\tb".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "NTLMSSP MIC mismatch for 'a\\tb' (tampered exchange?)"
+        );
+        // Printable Unicode stays as it is.
+        let e = AuthError::WrongPassword {
+            user: "tortur\u{3a65}".into(),
+            domain: String::new(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "wrong password for 'tortur\u{3a65}' (domain '')"
+        );
     }
 }
