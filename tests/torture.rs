@@ -3,7 +3,10 @@
 //! seconds), judged by the tool's JSON report, and then by the daemon
 //! process itself: it must exit 0 on SIGTERM, print no panic, and give
 //! every pool buffer back (what the daemon says about itself is not
-//! enough).
+//! enough). The server knows the user `smb2-mutated-handshake` logs on as
+//! (`--users`), and accepts the other cases' anonymous sessions
+//! (`--guest-ok`), so mutated AUTHENTICATE messages reach the NTLMv2
+//! verification and what follows it.
 
 mod common;
 use common::*;
@@ -14,6 +17,26 @@ use std::time::{Duration, Instant};
 
 /// The server's keepalive interval in this test, told to the tool.
 const KEEPALIVE: &str = "2";
+
+/// `smbdirectd user add torture` (the account of the handshake case,
+/// src/torture/cases_mutated.rs) into `file`.
+fn add_torture_user(file: &str) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["user", "add", "torture", "--users", file])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run smbdirectd user add");
+    writeln!(child.stdin.take().expect("stdin"), "torture-password").expect("password");
+    let out = child.wait_with_output().expect("user add");
+    assert!(
+        out.status.success(),
+        "user add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
 
 /// Names of every case `torture --list` knows.
 fn listed_cases() -> Vec<String> {
@@ -57,6 +80,9 @@ const TIMEOUT: &str = "15";
 fn every_torture_case_passes_and_the_daemon_survives_them_cleanly() {
     let _serial = serial();
     let port = free_port();
+    let users = format!("/tmp/smbdirectd-torture-users-{port}");
+    let _ = std::fs::remove_file(&users);
+    add_torture_user(&users);
     let d = spawn(
         port,
         &[
@@ -66,6 +92,10 @@ fn every_torture_case_passes_and_the_daemon_survives_them_cleanly() {
             KEEPALIVE,
             "--store-size",
             "64M",
+            "--users",
+            &users,
+            "--guest-ok",
+            "",
         ],
     );
     let json = format!("/tmp/smbdirectd-torture-{port}.json");

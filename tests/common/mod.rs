@@ -24,7 +24,8 @@ pub struct Daemon {
 pub fn spawn(port: u16, extra: &[&str]) -> Daemon {
     let admin = format!("/tmp/smbdirectd-test-{port}.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_smbdirectd"));
-    // Defaults for the tests; `extra` is flag/value pairs that override them.
+    // Defaults for the tests; `extra` is flag/value pairs that override them
+    // (value "" for a flag that takes none).
     let listen = format!("127.0.0.1:{port}");
     let mut opts: Vec<(&str, &str)> = vec![
         ("--provider", "soft"),
@@ -46,7 +47,12 @@ pub fn spawn(port: u16, extra: &[&str]) -> Daemon {
     }
     cmd.arg("serve");
     for (k, v) in &opts {
-        cmd.args([k, v]);
+        // An empty value: a flag without one (`--guest-ok`).
+        if v.is_empty() {
+            cmd.arg(k);
+        } else {
+            cmd.args([k, v]);
+        }
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn smbdirectd");
