@@ -10,6 +10,8 @@
 //! server's RDMA fail at the provider, which ends that connection.
 //!
 //! A seeded generator takes a valid request of one of the templates below
+//! (an inline WRITE above MaxSendSize among them, so SMB Direct fragments
+//! it and the server reassembles it)
 //! and changes one to three things in it: random bytes, a boundary integer
 //! (0, 0x80.., 0xff..) at any offset, a truncation, a tail of random bytes,
 //! or, in about one request in eight, a header field other than MessageId.
@@ -54,7 +56,10 @@ use smbdirect_protocol::smb2::{
     SessionSetupRequestRepr, SigningAlgorithm, SigningCapabilities, U16Array,
 };
 use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
-use smbdirect_protocol::sqos::FSCTL_STORAGE_QOS_CONTROL;
+use smbdirect_protocol::sqos::{
+    Dialect as QosDialect, Guid as QosGuid, Options as QosOptions, StorageQosControlRequestRepr,
+    Utf16Name, FSCTL_STORAGE_QOS_CONTROL,
+};
 use std::time::{Duration, Instant};
 
 type Outcome = Result<Observation, String>;
@@ -574,7 +579,7 @@ fn next(x: &mut u64) -> u64 {
     x.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
-const TEMPLATES: u64 = 19;
+const TEMPLATES: u64 = 20;
 
 /// FileInformationClass values QUERY_INFO and SET_INFO take ([MS-FSCC] 2.4).
 const FILE_CLASSES: [u8; 12] = [4, 5, 6, 7, 8, 9, 10, 13, 14, 18, 20, 34];
@@ -738,11 +743,7 @@ fn build<P: Provider>(
                     (FSCTL_VALIDATE_NEGOTIATE_INFO, b)
                 }
                 1 => (FSCTL_QUERY_NETWORK_INTERFACE_INFO, Vec::new()),
-                _ => {
-                    let n = (next(seed) % 160) as usize;
-                    let b = (0..n).map(|_| next(seed) as u8).collect();
-                    (FSCTL_STORAGE_QOS_CONTROL, b)
-                }
+                _ => (FSCTL_STORAGE_QOS_CONTROL, qos_request(seed)),
             };
             let fid = if code == FSCTL_STORAGE_QOS_CONTROL {
                 file
@@ -835,11 +836,62 @@ fn build<P: Provider>(
                 },
             )
         }
+        18 => {
+            // An inline WRITE above MaxSendSize: SMB Direct fragments it and
+            // the server reassembles it ([MS-SMBD] 3.1.5.1, 3.1.5.8). Above
+            // 8 KiB, so the client takes it from its 64 KiB buffer class
+            // (its 8 KiB one backs its posted receives).
+            let len = 8193 + (next(seed) % 52_000) as usize;
+            let data = vec![0x3c; len];
+            p.build(
+                Command::Write,
+                1,
+                &WriteRequestRepr {
+                    offset: next(seed) % 65_536,
+                    file_id: file,
+                    channel: Channel::None,
+                    remaining_bytes: 0,
+                    flags: WriteFlags::empty(),
+                    data: &data,
+                    channel_info: ChannelInfo::EMPTY,
+                },
+            )
+        }
         _ => {
             let h = p.header(Command::Echo, 1);
             message_bytes(&h, &EchoRequestRepr)
         }
     }
+}
+
+/// A valid [MS-SQOS] 2.2.2.2 request: dialect 1.0 or 1.1, any non-empty
+/// set of the defined options, one of 4 logical flows and 2 policies (so
+/// that opens of different sessions meet in one flow), limits, names and
+/// counters drawn at random; then mutated like the rest.
+fn qos_request(seed: &mut u64) -> Vec<u8> {
+    let dialect = if next(seed) % 2 == 0 {
+        QosDialect::V1_0
+    } else {
+        QosDialect::V1_1
+    };
+    let options = QosOptions::from_bits((1 + next(seed) % 31) as u32);
+    let flow = QosGuid::from_fields(next(seed) as u32 % 4, 0xf10e, 0x7ea5, *b"mutated!");
+    let mut r = StorageQosControlRequestRepr::new(dialect, options, flow);
+    if next(seed) % 2 == 0 {
+        r.policy_id = QosGuid::from_fields(next(seed) as u32 % 2, 0x9011, 0x7ea5, *b"mutated!");
+    }
+    r.initiator_id = QosGuid::from_fields(7, 0x1d1d, 0x7ea5, *b"mutated!");
+    r.limit = EDGES[(next(seed) % EDGES.len() as u64) as usize].min(next(seed) % 100_000);
+    r.reservation = next(seed) % 2_000;
+    r.bandwidth_limit = next(seed) % 3 * 50_000;
+    r.io_count_increment = next(seed) % 1_000;
+    r.normalized_io_count_increment = next(seed) % 1_000;
+    r.latency_increment = next(seed) % 1_000_000;
+    r.lower_latency_increment = next(seed) % 1_000_000;
+    r.kilobyte_count_increment = next(seed) % 100_000;
+    r.initiator_name = Utf16Name::new("mutated-vm").unwrap_or(Utf16Name::EMPTY);
+    r.initiator_node_name = Utf16Name::new("mutated-host").unwrap_or(Utf16Name::EMPTY);
+    r.to_vec()
 }
 
 /// Boundary values a field is set to.
