@@ -30,7 +30,7 @@
 //! test that every pool buffer comes back on shutdown and no panic was
 //! printed).
 
-use super::rig::Rig;
+use super::rig::{Healthy, Rig};
 use super::smb2_peer::{message_bytes, Reply, Smb2Peer};
 use super::{Case, Layer, Observation};
 use smbdirect_dataplane::client::buffer_descriptor;
@@ -108,15 +108,7 @@ const PASSWORD: &str = "torture-password";
 /// (names, NTLMv2 blob, AV pairs) before its user is looked up.
 fn mutated_handshake<P: Provider>(rig: &mut Rig<P>) -> Outcome {
     let started = Instant::now();
-    let mut bystander = rig.healthy()?;
-    bystander.round_trip(rig.timeout)?;
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| parse_u64(&v));
-    let requests = env("SMBDIRECTD_TORTURE_MUTATIONS").map_or(HANDSHAKES, |n| n as usize);
-    let mut seed = env("SMBDIRECTD_TORTURE_SEED")
-        .unwrap_or_else(|| {
-            0x6a09_e667_f3bc_c908u64 ^ rig.next_seq().wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        })
-        .max(1);
+    let (mut bystander, requests, mut seed) = campaign(rig, HANDSHAKES, 0x6a09_e667_f3bc_c908)?;
     let first_seed = seed;
     // Does this server run NTLMSSP (--users), or is every session
     // anonymous (then an AUTHENTICATE is never asked for)?
@@ -418,15 +410,7 @@ struct Tally {
 
 fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
     let started = Instant::now();
-    let mut bystander = rig.healthy()?;
-    bystander.round_trip(rig.timeout)?;
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| parse_u64(&v));
-    let requests = env("SMBDIRECTD_TORTURE_MUTATIONS").map_or(REQUESTS, |n| n as usize);
-    let mut seed = env("SMBDIRECTD_TORTURE_SEED").unwrap_or_else(|| {
-        0x2545_f491_4f6c_dd1du64 ^ rig.next_seq().wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    });
-    // xorshift has one fixed point.
-    seed = seed.max(1);
+    let (mut bystander, requests, mut seed) = campaign(rig, REQUESTS, 0x2545_f491_4f6c_dd1d)?;
     let first_seed = seed;
     let mut tally = Tally::default();
     let mut t: Option<Target<P>> = None;
@@ -562,6 +546,25 @@ fn echo_after<P: Provider>(peer: &mut Smb2Peer<P>, timeout: Duration) -> Result<
             }
         }
     }
+}
+
+/// What both cases start with: a bystander that has made a round trip,
+/// the number of requests (`SMBDIRECTD_TORTURE_MUTATIONS`, else
+/// `default`) and the seed (`SMBDIRECTD_TORTURE_SEED`, else one derived
+/// from `base` and the run's sequence number).
+fn campaign<P: Provider>(
+    rig: &mut Rig<P>,
+    default: usize,
+    base: u64,
+) -> Result<(Healthy<P>, usize, u64), String> {
+    let mut bystander = rig.healthy()?;
+    bystander.round_trip(rig.timeout)?;
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| parse_u64(&v));
+    let requests = env("SMBDIRECTD_TORTURE_MUTATIONS").map_or(default, |n| n as usize);
+    let seed = env("SMBDIRECTD_TORTURE_SEED")
+        .unwrap_or_else(|| base ^ rig.next_seq().wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    // xorshift has one fixed point.
+    Ok((bystander, requests, seed.max(1)))
 }
 
 /// A decimal or 0x-prefixed hexadecimal number.
