@@ -31,7 +31,7 @@
 //! printed).
 
 use super::rig::{Healthy, Rig};
-use super::smb2_peer::{message_bytes, Reply, Smb2Peer};
+use super::smb2_peer::{create_request, message_bytes, Reply, Smb2Peer};
 use super::{Case, Layer, Observation};
 use smbdirect_dataplane::client::buffer_descriptor;
 use smbdirect_dataplane::provider::{Access, Provider};
@@ -40,20 +40,18 @@ use smbdirect_protocol::ntstatus::{STATUS_MORE_PROCESSING_REQUIRED, STATUS_SUCCE
 use smbdirect_protocol::smb2::auth::{self, spnego, NtlmClient};
 use smbdirect_protocol::smb2::fscc::FileInfoClass;
 use smbdirect_protocol::smb2::{
-    AccessMask, ChangeNotifyFlags, ChangeNotifyRequestRepr, Channel, ChannelInfo, CloseFlags,
-    CloseRequestRepr, Command, CompletionFilter, CompoundWriter, CreateContextList,
-    CreateDisposition, CreateOptions, CreateRequestRepr, EchoRequestRepr, FileAttributes, FileId,
-    FlushRequestRepr, HeaderFlags, ImpersonationLevel, InfoType, IoctlRequestRepr, LockElement,
-    LockElements, LockFlags, LockRequestRepr, OplockLevel, QueryDirectoryFlags,
-    QueryDirectoryRequestRepr, QueryInfoFlags, QueryInfoRequestRepr, ReadFlags, ReadRequestRepr,
-    SetInfoRequestRepr, ShareAccess, Utf16Str, WriteFlags, WriteRequestRepr,
-    FSCTL_QUERY_NETWORK_INTERFACE_INFO, FSCTL_VALIDATE_NEGOTIATE_INFO, HEADER_LEN,
-};
-use smbdirect_protocol::smb2::{
     Capabilities, Cipher, EncryptionCapabilities, Guid, HashAlgorithm, NegotiateContext,
     NegotiateContextList, NegotiateRequestRepr, PreauthIntegrityCapabilities,
     RdmaTransformCapabilities, ResponseBody, SecurityMode, SessionSetupFlags,
     SessionSetupRequestRepr, SigningAlgorithm, SigningCapabilities, U16Array,
+};
+use smbdirect_protocol::smb2::{
+    ChangeNotifyFlags, ChangeNotifyRequestRepr, Channel, ChannelInfo, CloseFlags, CloseRequestRepr,
+    Command, CompletionFilter, CompoundWriter, EchoRequestRepr, FileId, FlushRequestRepr,
+    HeaderFlags, InfoType, IoctlRequestRepr, LockElement, LockElements, LockFlags, LockRequestRepr,
+    QueryDirectoryFlags, QueryDirectoryRequestRepr, QueryInfoFlags, QueryInfoRequestRepr,
+    ReadFlags, ReadRequestRepr, SetInfoRequestRepr, Utf16Str, WriteFlags, WriteRequestRepr,
+    FSCTL_QUERY_NETWORK_INTERFACE_INFO, FSCTL_VALIDATE_NEGOTIATE_INFO, HEADER_LEN,
 };
 use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
 use smbdirect_protocol::sqos::{
@@ -608,19 +606,7 @@ fn build<P: Provider>(
         }
     };
     let pick = |s: &mut u64, v: &[u8]| v[(next(s) % v.len() as u64) as usize];
-    let create = |name| CreateRequestRepr {
-        security_flags: 0,
-        requested_oplock_level: OplockLevel::NONE,
-        impersonation_level: ImpersonationLevel::IMPERSONATION,
-        smb_create_flags: 0,
-        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
-        file_attributes: FileAttributes::NORMAL,
-        share_access: ShareAccess::READ | ShareAccess::WRITE,
-        create_disposition: CreateDisposition::OPEN_IF,
-        create_options: CreateOptions::NON_DIRECTORY_FILE,
-        name: Utf16Str::new(name),
-        create_contexts: CreateContextList::EMPTY,
-    };
+    let create = |name| create_request(name, false);
     let query = |info_type, class, fid| QueryInfoRequestRepr {
         info_type,
         file_info_class: class,

@@ -324,28 +324,7 @@ impl<P: Provider> Smb2Peer<P> {
 
     /// CREATE (OPEN_IF) of a file, or of a directory with `directory`.
     pub fn create(&mut self, name: &str, directory: bool) -> Result<FileId, String> {
-        let req = CreateRequestRepr {
-            security_flags: 0,
-            requested_oplock_level: OplockLevel::NONE,
-            impersonation_level: ImpersonationLevel::IMPERSONATION,
-            smb_create_flags: 0,
-            desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
-            file_attributes: if directory {
-                FileAttributes::DIRECTORY
-            } else {
-                FileAttributes::NORMAL
-            },
-            share_access: ShareAccess::READ | ShareAccess::WRITE,
-            create_disposition: CreateDisposition::OPEN_IF,
-            create_options: if directory {
-                CreateOptions::DIRECTORY_FILE
-            } else {
-                CreateOptions::NON_DIRECTORY_FILE
-            },
-            name: Utf16Str::new(name),
-            create_contexts: CreateContextList::EMPTY,
-        };
-        let r = self.call_ok(Command::Create, 1, &req)?;
+        let r = self.call_ok(Command::Create, 1, &create_request(name, directory))?;
         match r.decoded() {
             Some(ResponseBody::Create(c)) => Ok(c.file_id),
             _ => Err("CREATE response does not decode".into()),
@@ -437,6 +416,32 @@ impl<P: Provider> Smb2Peer<P> {
     /// Closes the SMB Direct connection.
     pub fn close(self) {
         let _ = self.c.close(Duration::from_secs(2));
+    }
+}
+
+/// The CREATE request [`Smb2Peer::create`] sends: OPEN_IF, read and write
+/// access and sharing, no create contexts.
+pub fn create_request(name: &str, directory: bool) -> CreateRequestRepr<'_> {
+    CreateRequestRepr {
+        security_flags: 0,
+        requested_oplock_level: OplockLevel::NONE,
+        impersonation_level: ImpersonationLevel::IMPERSONATION,
+        smb_create_flags: 0,
+        desired_access: AccessMask::GENERIC_READ | AccessMask::GENERIC_WRITE,
+        file_attributes: if directory {
+            FileAttributes::DIRECTORY
+        } else {
+            FileAttributes::NORMAL
+        },
+        share_access: ShareAccess::READ | ShareAccess::WRITE,
+        create_disposition: CreateDisposition::OPEN_IF,
+        create_options: if directory {
+            CreateOptions::DIRECTORY_FILE
+        } else {
+            CreateOptions::NON_DIRECTORY_FILE
+        },
+        name: Utf16Str::new(name),
+        create_contexts: CreateContextList::EMPTY,
     }
 }
 
