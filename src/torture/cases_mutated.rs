@@ -30,12 +30,10 @@
 //! test that every pool buffer comes back on shutdown and no panic was
 //! printed).
 
-use super::rig::{Healthy, Rig};
+use super::rig::{Grants, Healthy, Rig};
 use super::smb2_peer::{create_request, message_bytes, Reply, Smb2Peer};
 use super::{Case, Layer, Observation};
-use smbdirect_dataplane::client::buffer_descriptor;
 use smbdirect_dataplane::provider::{Access, Provider};
-use smbdirect_hugepages::BufId;
 use smbdirect_protocol::ntstatus::{STATUS_MORE_PROCESSING_REQUIRED, STATUS_SUCCESS};
 use smbdirect_protocol::smb2::auth::{self, spnego, NtlmClient};
 use smbdirect_protocol::smb2::fscc::FileInfoClass;
@@ -326,8 +324,7 @@ struct Target<P: Provider> {
     /// one its RDMA Reads may read (WRITE); revoked and freed at the end.
     sink: BufferDescriptorRepr,
     source: BufferDescriptorRepr,
-    bufs: Vec<BufId>,
-    rkeys: Vec<u32>,
+    grants: Grants,
     /// Requests sent on it so far.
     sent: usize,
 }
@@ -340,33 +337,8 @@ fn end<P: Provider>(t: &mut Option<Target<P>>) {
     let Some(mut old) = t.take() else {
         return;
     };
-    let c = old.peer.client_mut();
-    for rkey in old.rkeys.drain(..) {
-        let _ = c.revoke(rkey);
-    }
-    for id in old.bufs.drain(..) {
-        c.free_buffer(id);
-    }
+    old.grants.release(old.peer.client_mut());
     old.peer.close();
-}
-
-/// A pool buffer of [`RDMA_LEN`] bytes granted `access`.
-fn grant<P: Provider>(
-    peer: &mut Smb2Peer<P>,
-    bufs: &mut Vec<BufId>,
-    rkeys: &mut Vec<u32>,
-    access: Access,
-) -> Result<BufferDescriptorRepr, String> {
-    let c = peer.client_mut();
-    let id = c
-        .alloc_buffer(RDMA_LEN)
-        .map_err(|e| format!("buffer: {e}"))?;
-    bufs.push(id);
-    let g = c
-        .grant(id, 0, RDMA_LEN, access)
-        .map_err(|e| format!("grant: {e}"))?;
-    rkeys.push(g.rkey);
-    Ok(buffer_descriptor(&g))
 }
 
 /// Bytes of each granted buffer (above the client's 8 KiB receive class).
@@ -381,17 +353,17 @@ fn target<P: Provider>(rig: &mut Rig<P>) -> Result<Target<P>, String> {
     );
     let dir = peer.create(&dir, true)?;
     peer.ensure_credits(128)?;
-    let (mut bufs, mut rkeys) = (Vec::new(), Vec::new());
-    let sink = grant(&mut peer, &mut bufs, &mut rkeys, Access::RemoteWrite)?;
-    let source = grant(&mut peer, &mut bufs, &mut rkeys, Access::RemoteRead)?;
+    let mut grants = Grants::default();
+    let c = peer.client_mut();
+    let sink = grants.grant(c, RDMA_LEN, RDMA_LEN, Access::RemoteWrite)?;
+    let source = grants.grant(c, RDMA_LEN, RDMA_LEN, Access::RemoteRead)?;
     Ok(Target {
         peer,
         file,
         dir,
         sink,
         source,
-        bufs,
-        rkeys,
+        grants,
         sent: 0,
     })
 }

@@ -5,12 +5,10 @@
 //! 3.3.5.2 says end the connection must end it without a response.
 
 use super::cases_smbd::ms;
-use super::rig::Rig;
+use super::rig::{Grants, Rig};
 use super::smb2_peer::{dialect_name, message_bytes, Reply, Smb2Peer};
 use super::{Case, Layer, Observation};
-use smbdirect_dataplane::client::buffer_descriptor;
 use smbdirect_dataplane::provider::{Access, Provider};
-use smbdirect_hugepages::BufId;
 use smbdirect_protocol::ntstatus::{
     NtStatus, STATUS_FILE_CLOSED, STATUS_INVALID_PARAMETER, STATUS_NETWORK_NAME_DELETED,
     STATUS_NOT_SUPPORTED, STATUS_USER_SESSION_DELETED,
@@ -520,8 +518,7 @@ fn write_req<'a>(
 struct Io<P: Provider> {
     s: Smb2Peer<P>,
     fid: FileId,
-    bufs: Vec<BufId>,
-    rkeys: Vec<u32>,
+    grants: Grants,
 }
 
 impl<P: Provider> Io<P> {
@@ -531,31 +528,17 @@ impl<P: Provider> Io<P> {
         Ok(Io {
             s,
             fid,
-            bufs: Vec::new(),
-            rkeys: Vec::new(),
+            grants: Grants::default(),
         })
     }
 
     /// A buffer of `len` bytes granted `access`: its descriptor.
     fn grant(&mut self, len: usize, access: Access) -> Result<BufferDescriptorRepr, String> {
-        let c = self.s.client_mut();
-        let id = c.alloc_buffer(len).map_err(|e| format!("buffer: {e}"))?;
-        self.bufs.push(id);
-        let g = c
-            .grant(id, 0, len, access)
-            .map_err(|e| format!("grant: {e}"))?;
-        self.rkeys.push(g.rkey);
-        Ok(buffer_descriptor(&g))
+        self.grants.grant(self.s.client_mut(), len, len, access)
     }
 
     fn close(mut self, o: Observation) -> Outcome {
-        let c = self.s.client_mut();
-        for rkey in self.rkeys {
-            let _ = c.revoke(rkey);
-        }
-        for id in self.bufs {
-            c.free_buffer(id);
-        }
+        self.grants.release(self.s.client_mut());
         self.s.close_file(self.fid);
         self.s.close();
         Ok(o)
@@ -768,8 +751,7 @@ fn read_invalidate_on_30<P: Provider>(rig: &mut Rig<P>) -> Outcome {
     let mut io = Io {
         s,
         fid,
-        bufs: Vec::new(),
-        rkeys: Vec::new(),
+        grants: Grants::default(),
     };
     let d = io.grant(IO_LEN as usize, Access::RemoteWrite)?;
     let descs = [d];
@@ -822,7 +804,7 @@ fn read_revoked<P: Provider>(rig: &mut Rig<P>) -> Outcome {
             io.s.client_mut()
                 .revoke(d.token)
                 .map_err(|e| format!("revoke: {e}"))?;
-            io.rkeys.retain(|&k| k != d.token);
+            io.grants.rkeys.retain(|&k| k != d.token);
             let descs = [d];
             let req = read_req(io.fid, IO_LEN, Channel::RdmaV1Invalidate, &descs);
             Ok((

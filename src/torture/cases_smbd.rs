@@ -4,13 +4,12 @@
 //! against either upper layer.
 
 use super::raw_peer::{negotiate_request, Dt, RawPeer, Wait};
-use super::rig::{Rig, ServerTotals, Upper};
+use super::rig::{Grants, Rig, ServerTotals, Upper};
 use super::smb2_peer::{Reply, Smb2Peer};
 use super::{Case, Layer, Observation};
-use smbdirect_dataplane::client::{buffer_descriptor, Client};
+use smbdirect_dataplane::client::Client;
 use smbdirect_dataplane::provider::{Access, Provider};
 use smbdirect_dataplane::upper::{parse_rdma_done, rdma_echo_request};
-use smbdirect_hugepages::BufId;
 use smbdirect_protocol::ntstatus::STATUS_NOT_SUPPORTED;
 use smbdirect_protocol::smb2::{
     Channel, ChannelInfo, Command, FileId, ReadFlags, ReadRequestRepr, WriteFlags, WriteRequestRepr,
@@ -557,11 +556,6 @@ enum RdmaSession<P: Provider> {
 }
 
 /// Our buffers and grants, given back when the case ends.
-struct Grants {
-    bufs: Vec<BufId>,
-    rkeys: Vec<u32>,
-}
-
 impl<P: Provider> RdmaSession<P> {
     fn open(rig: &mut Rig<P>) -> Result<Self, String> {
         match rig.upper {
@@ -581,24 +575,15 @@ impl<P: Provider> RdmaSession<P> {
         }
     }
 
-    /// A fresh buffer of `len` bytes with `access` granted over its first
-    /// `len` bytes.
+    /// A fresh buffer of [`RDMA_LEN`] bytes with `access` granted over its
+    /// first `len` bytes.
     fn grant(
         &mut self,
         g: &mut Grants,
         len: usize,
         access: Access,
     ) -> Result<BufferDescriptorRepr, String> {
-        let c = self.client();
-        let id = c
-            .alloc_buffer(RDMA_LEN)
-            .map_err(|e| format!("buffer: {e}"))?;
-        g.bufs.push(id);
-        let grant = c
-            .grant(id, 0, len, access)
-            .map_err(|e| format!("grant: {e}"))?;
-        g.rkeys.push(grant.rkey);
-        Ok(buffer_descriptor(&grant))
+        g.grant(self.client(), RDMA_LEN, len, access)
     }
 
     /// Asks the server to RDMA Read `len` bytes from `d`.
@@ -713,14 +698,8 @@ impl<P: Provider> RdmaSession<P> {
         }
     }
 
-    fn close(mut self, g: Grants) {
-        let c = self.client();
-        for rkey in g.rkeys {
-            let _ = c.revoke(rkey);
-        }
-        for id in g.bufs {
-            c.free_buffer(id);
-        }
+    fn close(mut self, mut g: Grants) {
+        g.release(self.client());
         match self {
             RdmaSession::Echo(c) => {
                 let _ = c.close(Duration::from_secs(2));
@@ -737,10 +716,7 @@ fn rdma_case<P: Provider>(
     hostile: impl FnOnce(&mut RdmaSession<P>, &mut Grants) -> Result<String, String>,
 ) -> Outcome {
     let mut s = RdmaSession::open(rig)?;
-    let mut g = Grants {
-        bufs: Vec::new(),
-        rkeys: Vec::new(),
-    };
+    let mut g = Grants::default();
     let sent = Instant::now();
     let what = match hostile(&mut s, &mut g) {
         Ok(w) => w,
@@ -806,10 +782,7 @@ fn rdma_beyond_grant<P: Provider>(rig: &mut Rig<P>) -> Outcome {
 
 fn rdma_other_connection<P: Provider>(rig: &mut Rig<P>) -> Outcome {
     let mut owner = RdmaSession::open(rig)?;
-    let mut og = Grants {
-        bufs: Vec::new(),
-        rkeys: Vec::new(),
-    };
+    let mut og = Grants::default();
     let d = match owner.grant(&mut og, RDMA_LEN, Access::RemoteRead) {
         Ok(d) => d,
         Err(e) => {

@@ -11,11 +11,12 @@
 
 use super::smb2_peer::Smb2Peer;
 use smbdirect_controlplane::admin;
-use smbdirect_dataplane::client::Client;
-use smbdirect_dataplane::provider::{MemoryRegion, Provider};
+use smbdirect_dataplane::client::{buffer_descriptor, Client};
+use smbdirect_dataplane::provider::{Access, MemoryRegion, Provider};
 use smbdirect_hugepages::{
-    Backing, BufferPool, HugepagePolicy, PoolConfig, SizeClass, SliceAllocator,
+    Backing, BufId, BufferPool, HugepagePolicy, PoolConfig, SizeClass, SliceAllocator,
 };
+use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
 use smbdirect_protocol::smbd::SmbdConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -309,5 +310,46 @@ pub fn detect_upper<P: Provider>(rig: &Rig<P>) -> Result<Upper, String> {
             "the answer to an SMB2 NEGOTIATE ({} bytes) is neither an SMB2 response nor an echo",
             reply.len()
         )),
+    }
+}
+
+/// Buffers a case granted to the server: each grant revoked and each
+/// buffer freed by [`Grants::release`].
+#[derive(Debug, Default)]
+pub struct Grants {
+    pub bufs: Vec<BufId>,
+    pub rkeys: Vec<u32>,
+}
+
+impl Grants {
+    /// A fresh pool buffer of `buf_len` bytes with `access` granted over
+    /// its first `len`: the descriptor naming it.
+    pub fn grant<P: Provider>(
+        &mut self,
+        c: &mut Client<P>,
+        buf_len: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<BufferDescriptorRepr, String> {
+        let id = c
+            .alloc_buffer(buf_len)
+            .map_err(|e| format!("buffer: {e}"))?;
+        self.bufs.push(id);
+        let g = c
+            .grant(id, 0, len, access)
+            .map_err(|e| format!("grant: {e}"))?;
+        self.rkeys.push(g.rkey);
+        Ok(buffer_descriptor(&g))
+    }
+
+    /// Revokes every grant and frees every buffer (whether or not the
+    /// connection still stands).
+    pub fn release<P: Provider>(&mut self, c: &mut Client<P>) {
+        for rkey in self.rkeys.drain(..) {
+            let _ = c.revoke(rkey);
+        }
+        for id in self.bufs.drain(..) {
+            c.free_buffer(id);
+        }
     }
 }
