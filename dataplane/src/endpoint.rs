@@ -186,6 +186,9 @@ pub struct RdmaStats {
     pub ord_waits: u64,
     /// Most RDMA Reads ever outstanding at once (never above ORD).
     pub max_reads_in_flight: u32,
+    /// Replies posted in the same `post_send` as the last chain of their
+    /// Write (one doorbell for both; [`Endpoint::flush`]).
+    pub replies_chained: u64,
     /// Operations completed successfully.
     pub ops_completed: u64,
     /// Operations that failed (and took the connection down).
@@ -1003,6 +1006,46 @@ macro_rules! poster {
     };
 }
 
+/// The Send of reply `a`, built to go behind its Write's last chain
+/// ([`Endpoint::post_rdma_with`]): the header, committed by
+/// [`Connection::transmit_now`], in a send buffer whose release stash names
+/// the reply's buffer, the payload gathered from that buffer; `sges` gets
+/// both. Returns the send buffer, or None (nothing committed, nothing
+/// allocated) when the reply must be queued the usual way.
+fn chained_reply<Q: QueuePair>(
+    conn: &mut Connection,
+    poster: &mut Poster<'_, Q>,
+    pool: &BufferPool,
+    mr: MemoryRegion,
+    a: AttachedReply,
+    sges: &mut [Sge; 2],
+) -> Option<BufId> {
+    let mloc = pool.locate(a.buf).filter(|l| a.len as usize <= l.len)?;
+    let sbuf = poster.alloc.alloc(ClassId::SEND).ok()?;
+    let Some(loc) = pool
+        .locate(sbuf)
+        .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
+    else {
+        let _ = poster.alloc.free(sbuf);
+        return None;
+    };
+    let mut header = [0u8; DATA_TRANSFER_PAYLOAD_OFFSET];
+    if conn.transmit_now(poster, a.len, &mut header).is_none() {
+        let _ = poster.alloc.free(sbuf);
+        return None;
+    }
+    // SAFETY: sbuf was just allocated and is exclusively ours; `loc` is its
+    // live location, at least MAX_HEADER_LEN + the stash long (checked).
+    let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
+    out[..DATA_TRANSFER_PAYLOAD_OFFSET].copy_from_slice(&header);
+    out[RELEASE_STASH..RELEASE_STASH + 8].copy_from_slice(&a.buf.to_bits().to_le_bytes());
+    *sges = [
+        mr.sge(loc.offset as u64, DATA_TRANSFER_PAYLOAD_OFFSET as u32),
+        mr.sge(mloc.offset as u64, a.len),
+    ];
+    Some(sbuf)
+}
+
 /// Posts receives on behalf of the connection.
 struct Poster<'a, Q: QueuePair> {
     qp: &'a mut Q,
@@ -1489,14 +1532,42 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// posts the reply's Send right after it; other replies wait for the
     /// Write's completion and the upper layer.
     pub fn post_rdma(&mut self) -> Result<(), EndpointError> {
+        self.post_rdma_with(None)
+    }
+
+    /// [`Endpoint::post_rdma`]; given the allocator (as [`Endpoint::flush`]
+    /// gives it), a reply attached to a Write goes in the same `post_send`
+    /// as the Write's last chain when the connection can send it at once
+    /// ([`Connection::transmit_now`]: nothing queued ahead of it, credits,
+    /// one segment): one doorbell for the data and its reply, as SPDK's
+    /// NVMe-oF RDMA target chains a response's Send behind its data's
+    /// RDMA Writes. On a NIC a doorbell is a write to device memory; on
+    /// Soft-RoCE it is a system call. Otherwise the reply is queued and
+    /// goes with the flush, as before.
+    fn post_rdma_with(
+        &mut self,
+        mut alloc: Option<&mut SliceAllocator>,
+    ) -> Result<(), EndpointError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
         let used = self.sq_used();
         let mut sq_room = self.send_depth.saturating_sub(used);
-        let (qp, pool, mr, c) = (&mut self.qp, &self.pool, self.mr, &mut *self.chain);
-        let conn = &mut self.conn;
-        let Some(r) = self.rdma.as_mut() else {
+        let chain_replies = self.capture.is_none();
+        let Endpoint {
+            qp,
+            pool,
+            mr,
+            chain,
+            conn,
+            rdma,
+            recv_posted,
+            stats,
+            sends_in_flight,
+            ..
+        } = self;
+        let (pool, mr, c) = (&*pool, *mr, &mut **chain);
+        let Some(r) = rdma.as_mut() else {
             return Ok(());
         };
         let max_sge = r.max_sge;
@@ -1567,7 +1638,44 @@ impl<Q: QueuePair> Endpoint<Q> {
                     signaled: k + 1 == n,
                 }
             };
-            let posted = if n == 1 {
+            // The reply rides with the chain that finishes its Write, when
+            // the connection can say it now (its header is then committed:
+            // credits spent and granted, so from here a failed post fails
+            // the connection, as a failed `send_now` does).
+            let mut reply_sges = [Chain::EMPTY_SGE; 2];
+            let mut reply: Option<(BufId, AttachedReply)> = None;
+            if let (Some(a), Some(alloc), true, true) = (
+                op.reply,
+                alloc.as_deref_mut(),
+                chain_replies && op.posted + bytes >= op.len,
+                (sq_room as usize) > n,
+            ) {
+                reply = chained_reply(
+                    conn,
+                    &mut Poster {
+                        qp: &mut *qp,
+                        alloc,
+                        pool,
+                        mr,
+                        posted: &mut *recv_posted,
+                        stats: &mut *stats,
+                    },
+                    pool,
+                    mr,
+                    a,
+                    &mut reply_sges,
+                )
+                .map(|sbuf| (sbuf, a));
+            }
+            let reply_wr = reply.map(|(sbuf, a)| SendWr {
+                wr_id: wr_id(KIND_SEND, sbuf),
+                op: SendOp::Send {
+                    sges: &reply_sges,
+                    invalidate: a.invalidate,
+                },
+                signaled: true,
+            });
+            let posted = if n == 1 && reply_wr.is_none() {
                 qp.post_send(&[make(0)])
             } else {
                 const UNUSED: SendWr<'static> = SendWr {
@@ -1578,21 +1686,38 @@ impl<Q: QueuePair> Endpoint<Q> {
                     },
                     signaled: false,
                 };
-                let mut wrs = [UNUSED; RDMA_CHAIN];
+                let mut wrs = [UNUSED; RDMA_CHAIN + 1];
                 for (k, wr) in wrs[..n].iter_mut().enumerate() {
                     *wr = make(k);
                 }
-                qp.post_send(&wrs[..n])
+                let total = match reply_wr {
+                    Some(w) => {
+                        wrs[n] = w;
+                        n + 1
+                    }
+                    None => n,
+                };
+                qp.post_send(&wrs[..total])
             };
             match posted {
                 Ok(()) => {}
                 // The provider counts work requests we do not (grants,
                 // revokes): try again after completions.
-                Err(ProviderError::QueueFull) => break,
+                Err(ProviderError::QueueFull) if reply.is_none() => break,
                 Err(_) => {
+                    if let (Some((sbuf, _)), Some(alloc)) = (reply, alloc.as_deref_mut()) {
+                        // The reply stays with its op, whose buffers go home
+                        // with the failed connection.
+                        let _ = alloc.free(sbuf);
+                    }
                     failure = Some((WcStatus::Flushed, true));
                     break;
                 }
+            }
+            if reply.is_some() {
+                *sends_in_flight += 1;
+                stats.sends_posted += 1;
+                r.stats.replies_chained += 1;
             }
             r.stats.chains_posted += 1;
             if op.kind == RdmaKind::Read {
@@ -1613,7 +1738,10 @@ impl<Q: QueuePair> Endpoint<Q> {
             o.chains += 1;
             o.posted += bytes;
             if o.posted >= o.len {
-                if let Some(a) = o.reply.take() {
+                if reply.is_some() {
+                    // Posted with the chain: its send buffer releases it.
+                    o.reply = None;
+                } else if let Some(a) = o.reply.take() {
                     // Every request of the Write is on the send queue: its
                     // reply follows (room was checked above). A reply the
                     // connection refuses (it is terminating) stays with the
@@ -1893,7 +2021,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         // RDMA first: a reply the upper layer queued after an RDMA Write was
         // queued after its completion, so no ordering is at stake here.
         if self.rdma.as_ref().is_some_and(|r| !r.pending.is_empty()) {
-            self.post_rdma()?;
+            self.post_rdma_with(Some(alloc))?;
         }
         loop {
             if !self.conn.transmit_pending() {
@@ -3099,6 +3227,8 @@ mod tests {
         .unwrap();
         // Nothing reaches the connection before the Write is posted.
         assert!(!r.ep.connection().transmit_pending());
+        let sent_before = r.ep.connection().stats().messages_sent;
+        let posts_before = r.ep.qp().chains.len();
         r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
         let order: Vec<WcOpcode> = r.ep.qp().sq.iter().map(|e| e.4).collect();
         assert_eq!(
@@ -3106,7 +3236,20 @@ mod tests {
             [WcOpcode::RdmaWrite, WcOpcode::RdmaWrite, WcOpcode::Send],
             "the reply's Send follows every request of its Write"
         );
-        let (sent, _) = r.ep.qp().sends.last().unwrap().clone();
+        assert_eq!(
+            r.ep.qp().chains[posts_before..],
+            [3],
+            "one post_send (one doorbell) for the Write and its reply"
+        );
+        assert_eq!(r.ep.rdma().unwrap().stats().replies_chained, 1);
+        assert_eq!(r.ep.connection().stats().messages_sent, sent_before + 1);
+        assert!(!r.ep.connection().transmit_pending());
+        let (sent, nsge) = r.ep.qp().sends.last().unwrap().clone();
+        assert_eq!(nsge, 2, "header from a send buffer, payload gathered");
+        // [MS-SMBD] 2.2.3: the 24-byte Data Transfer header, then the reply.
+        assert_eq!(sent.len(), 24 + 5);
+        let field = |at: usize| u32::from_le_bytes(sent[at..at + 4].try_into().unwrap());
+        assert_eq!((field(8), field(12), field(16)), (0, 24, 5));
         assert!(sent.ends_with(b"hello"), "{sent:?}");
         assert_eq!(&r.ep.qp().peer[..1500], &src[..1500]);
         assert_eq!(&r.ep.qp().peer[1600..3100], &src[1500..]);
@@ -3124,6 +3267,77 @@ mod tests {
             "data, aux and reply buffers home"
         );
         let _ = t;
+    }
+
+    #[test]
+    fn an_attached_reply_behind_a_queued_message_waits_its_turn() {
+        // A message queued before the Write is posted goes first: the reply
+        // cannot ride with the Write's chain ([MS-SMBD] 3.1.5.1: messages
+        // leave in order), so it is queued behind it and the flush posts
+        // both, Write first.
+        let mut r = established_rig();
+        let before = home(&r);
+        let (id, msg) = queued_message(&mut r);
+        r.ep.send(id, 100).unwrap();
+        with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&descs(0, 1, 100, 1), 0, 100, b"", |b| b.fill(7))?;
+            o.reply_after_write(t, 5, None, |b| b.copy_from_slice(b"after"))
+        })
+        .unwrap();
+        let posts_before = r.ep.qp().chains.len();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        assert_eq!(r.ep.rdma().unwrap().stats().replies_chained, 0);
+        assert_eq!(
+            r.ep.qp().chains[posts_before..],
+            [1, 1, 1],
+            "Write, message, reply"
+        );
+        let order: Vec<WcOpcode> = r.ep.qp().sq.iter().map(|e| e.4).collect();
+        assert_eq!(order, [WcOpcode::RdmaWrite, WcOpcode::Send, WcOpcode::Send]);
+        let sends = &r.ep.qp().sends;
+        assert!(sends[0].0.ends_with(&msg[..100]));
+        assert!(sends[1].0.ends_with(b"after"));
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        assert_eq!(home(&r), before);
+    }
+
+    /// Free buffers per class, receives posted counted as home (the
+    /// flushes top the receives up).
+    fn home(r: &Rig) -> Vec<u32> {
+        let mut c = free_counts(&r.pool);
+        c[0] += u32::from(r.ep.recv_posted);
+        c
+    }
+
+    #[test]
+    fn a_refused_post_of_a_write_and_its_reply_fails_the_connection_and_frees_both() {
+        // The reply's header is committed before the post: a post the
+        // provider refuses cannot be retried without it, so the connection
+        // fails (as a refused `send_now` does), and every buffer (the send
+        // buffer at once, the op's with the teardown) comes home.
+        let mut r = established_rig();
+        let before = home(&r);
+        with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&descs(0, 1, 100, 1), 0, 100, b"", |_| {})?;
+            o.reply_after_write(t, 8, None, |b| b.fill(1))
+        })
+        .unwrap();
+        r.ep.qp_mut().broken = true;
+        r.ep.qp_mut().refuse_posts = true;
+        assert!(r.ep.flush(Instant::ZERO, &mut r.alloc).is_err());
+        assert!(r.ep.failure().is_some());
+        assert_eq!(r.ep.rdma().unwrap().stats().replies_chained, 0);
+        r.ep.close(&mut r.alloc);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        assert_eq!(r.ep.outstanding() - u64::from(r.ep.recv_posted), 0);
+        assert_eq!(home(&r), before);
     }
 
     #[test]
