@@ -15,6 +15,7 @@
 #
 #   scripts/bench-cifs.sh --pairs 5            # ~15 min on the loaded 2-core host (TCG guest)
 #   scripts/bench-cifs.sh --pairs 5 --runtime 5
+#   scripts/bench-cifs.sh --pairs 7 --jobs rr4k1   # one row only (job names as above: rr4k1 rr4k16 sr1m sw1m)
 #   scripts/bench-cifs.sh --pairs 5 --from-log target/cifs-tests-bench/bench-cifs.log   # rows of an earlier run
 #
 # Without root, the rxe-vm or the kernel-smbd rig it prints one "not run"
@@ -27,10 +28,12 @@ cd "$(dirname "$0")/.."
 pairs=5
 runtime=5
 from_log=""
+jobs=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--pairs) pairs=$2; shift 2 ;;
 	--runtime) runtime=$2; shift 2 ;;
+	--jobs) jobs=$2; shift 2 ;;
 	--from-log) from_log=$(cd "$here" && realpath "$2"); shift 2 ;;
 	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench-cifs.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
@@ -38,6 +41,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$pairs" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cifs.sh: --pairs $pairs: want a positive count" >&2; exit 2; }
 [[ "$runtime" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cifs.sh: --runtime $runtime: want whole seconds" >&2; exit 2; }
+[[ "$jobs" =~ ^([a-z0-9]+(,[a-z0-9]+)*)?$ ]] || { echo "bench-cifs.sh: --jobs $jobs: want names separated by commas" >&2; exit 2; }
 
 out=target/cifs-tests-bench
 mkdir -p "$out"
@@ -55,7 +59,7 @@ if [ -n "$from_log" ]; then
 else
 	echo "bench-cifs: $pairs pairs, fio ${runtime} s per job; guest log in $log" >&2
 	# the guest's time limit: boot, ksmbd, then per pair 2 mounts and 8 fio runs
-	export BENCH_PAIRS=$pairs BENCH_RUNTIME=$runtime
+	export BENCH_PAIRS=$pairs BENCH_RUNTIME=$runtime BENCH_ONLY=$jobs
 	export CIFS_TESTS_TIMEOUT=${CIFS_TESTS_TIMEOUT:-$((300 + pairs * (8 * (runtime + 25) + 120)))}
 	scripts/cifs-tests.sh --bench >"$log" 2>&1 || status=$?
 fi
@@ -81,7 +85,9 @@ value_of() { # PAIR SERVER JOB
 }
 
 # BENCH_ALT="serve flags" (env) adds smbdirectd with those flags to every
-# round, and rows for it
+# round, and rows for it; BENCH_ALT_BIN=PATH (env) makes that third server
+# another build (e.g. the previous commit's target/release/smbdirectd
+# copied aside), to compare two builds in one boot
 ours=smbdirectd
 grep -q '^bench: pair=[0-9]* server=smbdirectd-alt ' <<<"$values" && ours="smbdirectd smbdirectd-alt"
 alt=$(sed -n 's/^bench-alt: //p' "$log" | head -n 1)
@@ -111,7 +117,7 @@ while read -r _ job metric args; do
 		mr=$(printf '%.3f' "$mr")
 	fi
 	flags=""
-	[ "$srv" = smbdirectd-alt ] && flags=" $alt"
+	[ "$srv" = smbdirectd-alt ] && flags=" [alt: $alt]"
 	echo "| cifs.ko -o rdma (rxe guest), $label: $srv vs ksmbd.ko | \`smbdirectd serve --provider verbs$flags\`, fio \`$args --direct=1 --ioengine=libaio --runtime=$runtime\` | $ma | \`ksmbd.ko\` (same mount options and files) | $mb | $mr | >= 1 | $verdict | ${ratios[*]:-none}$note |"
 done < <(grep -E '^bench-job: ' "$log" | awk '!seen[$2]++')
 done

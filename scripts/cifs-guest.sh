@@ -519,6 +519,15 @@ BENCH_JOBS=(
 	"sr1m r.dat read_mbs --rw=read --bs=1m --iodepth=4"
 	"sw1m w.dat write_mbs --rw=write --bs=1m --iodepth=4"
 )
+# BENCH_ONLY="rr4k1,sr1m" (bench-cifs.sh --jobs): those jobs only
+if [ -n "${BENCH_ONLY:-}" ]; then
+	only=()
+	for spec in "${BENCH_JOBS[@]}"; do
+		[[ ",$BENCH_ONLY," == *",${spec%% *},"* ]] && only+=("$spec")
+	done
+	[ ${#only[@]} -gt 0 ] || die "BENCH_ONLY=$BENCH_ONLY names no job of: ${BENCH_JOBS[*]%% *}"
+	BENCH_JOBS=("${only[@]}")
+fi
 # "busy idle smbdirectd" clock ticks: the guest's CPUs (all but idle and
 # iowait), their idle, and the smbdirectd process (0 when not running)
 cpu_ticks() {
@@ -544,16 +553,22 @@ bench_mode() {
 		echo "bench-job: $name $metric $args"
 	done
 	# BENCH_ALT="serve flags": a third server in every round, smbdirectd
-	# with those flags ("smbdirectd-alt"), to compare a setting in one boot
+	# with those flags ("smbdirectd-alt"), to compare a setting in one boot;
+	# BENCH_ALT_BIN=PATH: that server is this other build (e.g. the commit
+	# before a change), to compare two builds in one boot
 	local servers="smbdirectd ksmbd"
-	[ -n "${BENCH_ALT:-}" ] && servers="smbdirectd smbdirectd-alt ksmbd" && echo "bench-alt: $BENCH_ALT"
+	if [ -n "${BENCH_ALT:-}${BENCH_ALT_BIN:-}" ]; then
+		[ -z "${BENCH_ALT_BIN:-}" ] || [ -x "$BENCH_ALT_BIN" ] || die "BENCH_ALT_BIN=$BENCH_ALT_BIN is not executable"
+		servers="smbdirectd smbdirectd-alt ksmbd"
+		echo "bench-alt: ${BENCH_ALT_BIN:+binary $BENCH_ALT_BIN }${BENCH_ALT:-}"
+	fi
 	for ((p = 1; p <= BENCH_PAIRS; p++)); do
 		for srv in $servers; do
 			say "pair $p/$BENCH_PAIRS: $srv"
 			# shellcheck disable=SC2086
 			case $srv in
 			smbdirectd) start_server ;;
-			smbdirectd-alt) start_server $BENCH_ALT ;;
+			smbdirectd-alt) BIN=${BENCH_ALT_BIN:-$BIN} start_server ${BENCH_ALT:-} ;;
 			esac
 			if ! do_mount 3.1.1 ""; then
 				bad "mount ($srv, pair $p)"

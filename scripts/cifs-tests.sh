@@ -20,8 +20,10 @@
 #      CIFS_PROFILE (debug or release: which smbdirectd to serve; the default is
 #      debug for the battery, release for --qos and --bench);
 #      --qos: QOS_IOPS (1000), QOS_JOBS (1), QOS_QD (16), QOS_RUNTIME (6 s);
-#      --bench: BENCH_PAIRS (5), BENCH_RUNTIME (5 s), BENCH_ALT (serve flags
-#      of a third server in every round; scripts/bench-cifs.sh sets these)
+#      --bench: BENCH_PAIRS (5), BENCH_RUNTIME (5 s), BENCH_ONLY (job names),
+#      BENCH_ALT (serve flags of a third server in every round),
+#      BENCH_ALT_BIN (that third server's binary: another build); see
+#      scripts/bench-cifs.sh, which sets the first three
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
