@@ -1006,21 +1006,26 @@ macro_rules! poster {
     };
 }
 
-/// The Send of reply `a`, built to go behind its Write's last chain
-/// ([`Endpoint::post_rdma_with`]): the header, committed by
-/// [`Connection::transmit_now`], in a send buffer whose release stash names
-/// the reply's buffer, the payload gathered from that buffer; `sges` gets
-/// both. Returns the send buffer, or None (nothing committed, nothing
-/// allocated) when the reply must be queued the usual way.
-fn chained_reply<Q: QueuePair>(
+/// A whole message's Send, sent now (`send_now`, and a reply going behind
+/// its Write's last chain in [`Endpoint::post_rdma_with`]): the header,
+/// committed by [`Connection::transmit_now`], in a send buffer whose
+/// release stash names `msg`, the payload (`len` bytes at `offset`)
+/// gathered from `msg`; `sges` gets both. Returns the send buffer, or None
+/// (nothing committed, nothing allocated) when the message must be queued
+/// the usual way.
+#[allow(clippy::too_many_arguments)]
+fn header_send<Q: QueuePair>(
     conn: &mut Connection,
     poster: &mut Poster<'_, Q>,
     pool: &BufferPool,
     mr: MemoryRegion,
-    a: AttachedReply,
+    msg: BufId,
+    offset: u32,
+    len: u32,
     sges: &mut [Sge; 2],
 ) -> Option<BufId> {
-    let mloc = pool.locate(a.buf).filter(|l| a.len as usize <= l.len)?;
+    let end = offset as usize + len as usize;
+    let mloc = pool.locate(msg).filter(|l| end <= l.len)?;
     let sbuf = poster.alloc.alloc(ClassId::SEND).ok()?;
     let Some(loc) = pool
         .locate(sbuf)
@@ -1030,7 +1035,7 @@ fn chained_reply<Q: QueuePair>(
         return None;
     };
     let mut header = [0u8; DATA_TRANSFER_PAYLOAD_OFFSET];
-    if conn.transmit_now(poster, a.len, &mut header).is_none() {
+    if conn.transmit_now(poster, len, &mut header).is_none() {
         let _ = poster.alloc.free(sbuf);
         return None;
     }
@@ -1038,10 +1043,10 @@ fn chained_reply<Q: QueuePair>(
     // live location, at least MAX_HEADER_LEN + the stash long (checked).
     let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
     out[..DATA_TRANSFER_PAYLOAD_OFFSET].copy_from_slice(&header);
-    out[RELEASE_STASH..RELEASE_STASH + 8].copy_from_slice(&a.buf.to_bits().to_le_bytes());
+    out[RELEASE_STASH..RELEASE_STASH + 8].copy_from_slice(&msg.to_bits().to_le_bytes());
     *sges = [
         mr.sge(loc.offset as u64, DATA_TRANSFER_PAYLOAD_OFFSET as u32),
-        mr.sge(mloc.offset as u64, a.len),
+        mr.sge((mloc.offset + offset as usize) as u64, len),
     ];
     Some(sbuf)
 }
@@ -1650,7 +1655,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 chain_replies && op.posted + bytes >= op.len,
                 (sq_room as usize) > n,
             ) {
-                reply = chained_reply(
+                reply = header_send(
                     conn,
                     &mut Poster {
                         qp: &mut *qp,
@@ -1662,7 +1667,9 @@ impl<Q: QueuePair> Endpoint<Q> {
                     },
                     pool,
                     mr,
-                    a,
+                    a.buf,
+                    0,
+                    a.len,
                     &mut reply_sges,
                 )
                 .map(|sbuf| (sbuf, a));
@@ -1732,7 +1739,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 r.stats.writes_posted += n as u64;
             }
             r.wrs_in_flight += n as u32;
-            sq_room -= n as u32;
+            sq_room -= n as u32 + u32::from(reply.is_some());
             let o = &mut r.ops[slot];
             o.wrs += n as u32;
             o.chains += 1;
@@ -1931,23 +1938,19 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         // The header in a send buffer, the payload gathered from the
         // message (as `flush`'s general path).
-        let Ok(Some((sbuf, loc))) = self.send_buffer(alloc) else {
+        let mut sges = [Chain::EMPTY_SGE; 2];
+        let Some(sbuf) = header_send(
+            &mut self.conn,
+            &mut poster!(self, alloc),
+            &self.pool,
+            self.mr,
+            msg,
+            offset,
+            len,
+            &mut sges,
+        ) else {
             return queue(self);
         };
-        let mut p = poster!(self, alloc);
-        if self.conn.transmit_now(&mut p, len, &mut header).is_none() {
-            let _ = alloc.free(sbuf);
-            return queue(self);
-        }
-        // SAFETY: sbuf was just allocated and is exclusively ours; `loc` is
-        // its live location, at least MAX_HEADER_LEN + the stash long.
-        let out = unsafe { std::slice::from_raw_parts_mut(loc.ptr.as_ptr(), loc.len) };
-        out[..room].copy_from_slice(&header);
-        out[RELEASE_STASH..RELEASE_STASH + 8].copy_from_slice(&msg.to_bits().to_le_bytes());
-        let sges = [
-            self.mr.sge(loc.offset as u64, room as u32),
-            self.mr.sge((mloc.offset + offset as usize) as u64, len),
-        ];
         let id = wr_id(KIND_SEND, sbuf);
         Ok(self.post_now(alloc, &sges, id, invalidate, Some(sbuf), msg))
     }
@@ -3301,6 +3304,44 @@ mod tests {
             r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
                 .unwrap();
         }
+        assert_eq!(home(&r), before);
+    }
+
+    #[test]
+    fn chained_replies_count_against_the_send_depth() {
+        // Send depth 3: the first READ's Write and reply take two slots,
+        // leaving one: the second Write goes alone and its reply waits for
+        // a completion (never four work requests on a queue of three).
+        let mut r = established_rig();
+        r.ep.set_send_depth(3);
+        let before = home(&r);
+        for (k, word) in [b"first", b"again"].iter().enumerate() {
+            with_replies(&mut r, None, |o| {
+                let t = o.rdma_write(&descs(k as u64 * 200, 1, 100, 1), 0, 100, b"", |b| {
+                    b.fill(k as u8)
+                })?;
+                o.reply_after_write(t, 5, None, |b| b.copy_from_slice(*word))
+            })
+            .unwrap();
+        }
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        assert_eq!(r.ep.qp().sq.len(), 3, "the send depth, and no more");
+        assert_eq!(r.ep.rdma().unwrap().stats().replies_chained, 1);
+        assert!(
+            r.ep.connection().transmit_pending(),
+            "the second reply waits"
+        );
+        while !r.ep.qp().sq.is_empty() || r.ep.connection().transmit_pending() {
+            while let Some(wc) = r.ep.qp_mut().next_completion() {
+                r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                    .unwrap();
+            }
+            r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+            assert!(r.ep.qp().sq.len() <= 3);
+        }
+        let sends = &r.ep.qp().sends;
+        assert!(sends[sends.len() - 2].0.ends_with(b"first"));
+        assert!(sends[sends.len() - 1].0.ends_with(b"again"));
         assert_eq!(home(&r), before);
     }
 
