@@ -92,3 +92,51 @@ fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
         );
     }
 }
+
+#[test]
+fn a_client_dropped_without_close_gives_every_buffer_back_to_its_slice() {
+    let provider = Arc::new(SoftProvider::new().expect("soft provider"));
+    let server = start(provider.clone(), server_config(0), || Echo).expect("server starts");
+    let addr = server.local_addr();
+    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
+        .backing(Backing::SharedMemfd)
+        .build()
+        .expect("client pool");
+    // SAFETY: the pool outlives the provider's use of it in this test.
+    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
+    let in_use = |pool: &smbdirect_hugepages::BufferPool| -> Vec<u32> {
+        (0..pool.class_count())
+            .map(|c| {
+                let s = pool
+                    .class_stats(0, smbdirect_hugepages::ClassId(c as u8))
+                    .unwrap();
+                s.total - s.free
+            })
+            .collect()
+    };
+    assert!(in_use(&cpool).iter().all(|&n| n == 0));
+    let mut client = Client::connect(
+        &*provider,
+        addr,
+        SmbdConfig::default(),
+        cpool.claim_slice(0).unwrap(),
+        mr,
+        Duration::from_secs(5),
+    )
+    .expect("connect");
+    client.send(b"one message in flight").unwrap();
+    assert!(
+        in_use(&cpool).iter().any(|&n| n > 0),
+        "receives are posted while connected"
+    );
+    // An error path drops the client: its connection closes, its posted
+    // receives come home, then its slice is un-claimed.
+    drop(client);
+    assert_eq!(in_use(&cpool), vec![0; cpool.class_count()]);
+    let again = cpool
+        .claim_slice(0)
+        .expect("the slice is free to claim again");
+    drop(again);
+    let stats = server.shutdown();
+    assert_eq!(stats.totals().connections, 0);
+}

@@ -19,6 +19,7 @@ use smbdirect_protocol::smbd::config::DATA_TRANSFER_PAYLOAD_OFFSET;
 use smbdirect_protocol::smbd::wire::BufferDescriptorRepr;
 use smbdirect_protocol::smbd::{Connection, SmbdConfig};
 use smbdirect_protocol::time::Instant as PInstant;
+use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -158,7 +159,12 @@ impl PollClock {
 pub struct Client<P: Provider> {
     cq: P::Cq,
     ep: Endpoint<P::Qp>,
-    alloc: SliceAllocator,
+    /// Given back by [`Client::close`]; dropped by `Drop` only after the
+    /// endpoint's buffers came home (a dropped slice allocator un-claims
+    /// its slice, and buffers still out stay counted as allocated in it).
+    alloc: ManuallyDrop<SliceAllocator>,
+    /// `close` ran: `Drop` has nothing to shut and no allocator to drop.
+    closed: bool,
     mr: MemoryRegion,
     clock: PollClock,
     /// The last flush found no send buffer: flush again on the next step.
@@ -213,7 +219,8 @@ impl<P: Provider> Client<P> {
             pending: std::collections::VecDeque::new(),
             cq,
             ep,
-            alloc,
+            alloc: ManuallyDrop::new(alloc),
+            closed: false,
             mr,
             clock: PollClock::new(),
             retry_flush: false,
@@ -531,11 +538,37 @@ impl<P: Provider> Client<P> {
     /// Closes the connection and waits (up to `timeout`) for every posted
     /// buffer to come back.
     pub fn close(mut self, timeout: Duration) -> SliceAllocator {
+        self.shut(timeout);
+        self.closed = true;
+        // SAFETY: taken exactly once: `closed` keeps `Drop` off it.
+        unsafe { ManuallyDrop::take(&mut self.alloc) }
+    }
+
+    fn shut(&mut self, timeout: Duration) {
         self.ep.close(&mut self.alloc);
         let deadline = crate::clock::now() + timeout;
         while self.ep.outstanding() > 0 && crate::clock::now() < deadline {
             let _ = self.step(&mut |_, _| {});
         }
-        self.alloc
+    }
+}
+
+/// How long a dropped [`Client`] waits for its posted buffers (a flushed
+/// queue pair returns them at once; a peer that stopped answering does
+/// not hold a drop longer than this).
+const DROP_DRAIN: Duration = Duration::from_millis(500);
+
+impl<P: Provider> Drop for Client<P> {
+    /// A client dropped without [`Client::close`] (an error path, a
+    /// failed connect) closes its connection and lets its buffers come
+    /// home before its slice is given back, so the next claim of the slice
+    /// finds every buffer free.
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.shut(DROP_DRAIN);
+        // SAFETY: dropped exactly once (not closed, so never taken).
+        unsafe { ManuallyDrop::drop(&mut self.alloc) }
     }
 }
