@@ -3,7 +3,8 @@
 # Linux kernel client (the rig's cifs.ko, -o rdma,vers=3.1.1, unsigned)
 # against smbdirectd (`serve --provider verbs`) and against ksmbd.ko, in
 # one boot of the Soft-RoCE guest, same rxe0, same files, alternated
-# smbdirectd, ksmbd, smbdirectd, ksmbd ... for --pairs pairs. Every half of
+# smbdirectd, ksmbd, then ksmbd, smbdirectd, ... (the order swaps every
+# pair: whichever goes first in a round does better) for --pairs pairs. Every half of
 # a pair mounts, runs the same fio jobs (O_DIRECT, libaio, --runtime S after
 # a 1 s ramp) and unmounts:
 #   4 KiB random read QD 1 and QD 16 (IOPS), 1 MiB sequential read and

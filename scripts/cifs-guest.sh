@@ -562,8 +562,15 @@ bench_mode() {
 		servers="smbdirectd smbdirectd-alt ksmbd"
 		echo "bench-alt: ${BENCH_ALT_BIN:+binary $BENCH_ALT_BIN }${BENCH_ALT:-}"
 	fi
+	local order
 	for ((p = 1; p <= BENCH_PAIRS; p++)); do
-		for srv in $servers; do
+		# A B, B A, A B ...: the server measured first in a round did
+		# better in this guest (two builds of smbdirectd swapped between
+		# boots: docs/bench-results.md, session 14), so the order
+		# alternates and no side always has the first place
+		order=$servers
+		((p % 2 == 0)) && order=$(printf '%s\n' $servers | tac | tr '\n' ' ')
+		for srv in $order; do
 			say "pair $p/$BENCH_PAIRS: $srv"
 			# shellcheck disable=SC2086
 			case $srv in
