@@ -4,9 +4,9 @@
 use smbdirect_controlplane::{start, ServerConfig};
 use smbdirect_dataplane::client::Client;
 use smbdirect_dataplane::provider::soft::SoftProvider;
-use smbdirect_dataplane::provider::Provider;
+use smbdirect_dataplane::provider::{MemoryRegion, Provider};
 use smbdirect_dataplane::upper::Echo;
-use smbdirect_hugepages::{Backing, PoolConfig};
+use smbdirect_hugepages::{Backing, BufferPool, PoolConfig};
 use smbdirect_protocol::smbd::SmbdConfig;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +37,18 @@ fn server_config(port: u16) -> ServerConfig {
     }
 }
 
+/// A one-slice client pool, registered with `provider` (the caller keeps
+/// the pool alive as long as the provider may use it).
+fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
+    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
+        .backing(Backing::SharedMemfd)
+        .build()
+        .expect("client pool");
+    // SAFETY: the pool outlives the provider's use of it in these tests.
+    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
+    (cpool, mr)
+}
+
 #[test]
 fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
@@ -45,12 +57,7 @@ fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
     let server = start(provider.clone(), cfg, || Echo).expect("server starts");
     let addr = server.local_addr();
 
-    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
-        .backing(Backing::SharedMemfd)
-        .build()
-        .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in this test.
-    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
+    let (cpool, mr) = client_pool(&provider);
     let ccfg = SmbdConfig {
         receive_credit_max: 32,
         send_credit_target: 32,
@@ -98,13 +105,8 @@ fn a_client_dropped_without_close_gives_every_buffer_back_to_its_slice() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
     let server = start(provider.clone(), server_config(0), || Echo).expect("server starts");
     let addr = server.local_addr();
-    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
-        .backing(Backing::SharedMemfd)
-        .build()
-        .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in this test.
-    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
-    let in_use = |pool: &smbdirect_hugepages::BufferPool| -> Vec<u32> {
+    let (cpool, mr) = client_pool(&provider);
+    let in_use = |pool: &BufferPool| -> Vec<u32> {
         (0..pool.class_count())
             .map(|c| {
                 let s = pool
