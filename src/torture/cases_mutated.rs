@@ -236,13 +236,8 @@ fn mutated_handshake<P: Provider>(rig: &mut Rig<P>) -> Outcome {
         "NEGOTIATE and SESSION_SETUP in turn; the server has no --users, so no AUTHENTICATE was asked for".to_string()
     };
     Ok(Observation::pass(format!(
-        "{requests} mutated handshake requests (seed {first_seed:#x}; {auth}): {} answered ({} with STATUS_SUCCESS), {} connections ended, {} CANCELs left unanswered; the bystander's round trip took {} us; {:.1} s",
-        tally.answered,
-        tally.succeeded,
-        tally.disconnects,
-        tally.quiet,
-        rtt.as_micros(),
-        started.elapsed().as_secs_f64()
+        "{requests} mutated handshake requests (seed {first_seed:#x}; {auth}): {}",
+        tally.report(rtt, started)
     )))
 }
 
@@ -378,6 +373,22 @@ struct Tally {
     sessions: usize,
 }
 
+impl Tally {
+    /// What both cases report after their requests: the answers, the ended
+    /// connections, the silent CANCELs, the bystander's round trip.
+    fn report(&self, rtt: Duration, started: Instant) -> String {
+        format!(
+            "{} answered ({} with STATUS_SUCCESS), {} connections ended, {} CANCELs left unanswered; the bystander's round trip took {} us; {:.1} s",
+            self.answered,
+            self.succeeded,
+            self.disconnects,
+            self.quiet,
+            rtt.as_micros(),
+            started.elapsed().as_secs_f64()
+        )
+    }
+}
+
 fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
     let started = Instant::now();
     let (mut bystander, requests, mut seed) = campaign(rig, REQUESTS, 0x2545_f491_4f6c_dd1d)?;
@@ -476,14 +487,9 @@ fn mutated_requests<P: Provider>(rig: &mut Rig<P>) -> Outcome {
     let rtt = bystander.round_trip(rig.timeout)?;
     bystander.close();
     Ok(Observation::pass(format!(
-        "{requests} mutated requests (seed {first_seed:#x}) in {} sessions: {} answered ({} with STATUS_SUCCESS), {} ended their connection, {} CANCELs left unanswered; the bystander's round trip took {} us; {:.1} s",
+        "{requests} mutated requests (seed {first_seed:#x}) in {} sessions: {}",
         tally.sessions,
-        tally.answered,
-        tally.succeeded,
-        tally.disconnects,
-        tally.quiet,
-        rtt.as_micros(),
-        started.elapsed().as_secs_f64()
+        tally.report(rtt, started)
     )))
 }
 
