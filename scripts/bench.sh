@@ -9,9 +9,9 @@
 #   scripts/bench.sh --no-build --bin target/release/smbdirectd
 #
 # Noise: shared machines are noisy, so each row alternates its two runs
-# A B A B ... (--pairs, at least 5) and reports the median of the per-pair
-# p50 ratios A/B, not a ratio of pooled numbers. Each run is a separate
-# process with its own warm-up.
+# A B, B A, A B ... (--pairs, at least 5; the order swaps every pair) and
+# reports the median of the per-pair p50 ratios A/B, not a ratio of pooled
+# numbers. Each run is a separate process with its own warm-up.
 #
 # Rows (soft provider, --loopback, one server worker):
 #   1. SMB Direct `send` 512 B vs `raw-send` 512 B (the bare provider,
@@ -172,16 +172,30 @@ verdict() { # value op target
 
 rows=()
 
+# Whether pair I (from 0) runs A first: pairs alternate A B, B A, A B ...,
+# so a position effect (the first run of a pair after the other's caches,
+# frequency, placement) weighs on both sides alike instead of always on
+# one (bench-cifs.sh found such an effect in the rxe guest).
+first_a() { (($1 % 2 == 0)); }
+
 # pair NAME METRIC OP TARGET "A args" "B args": alternates A and B, appends
 # a row with both medians and the median of the per-pair ratios A/B.
 pair() {
 	local name=$1 key=$2 op=$3 target=$4 a=$5 b=$6
 	local as=() bs=() ratios=() i pa pb
 	for ((i = 0; i < pairs; i++)); do
-		# shellcheck disable=SC2086
-		pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
-		# shellcheck disable=SC2086
-		pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+		# A B, B A, A B ...: no side always runs first (see first_a)
+		if first_a "$i"; then
+			# shellcheck disable=SC2086
+			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
+			# shellcheck disable=SC2086
+			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+		else
+			# shellcheck disable=SC2086
+			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+			# shellcheck disable=SC2086
+			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
+		fi
 		as+=("$pa")
 		bs+=("$pb")
 		ratios+=("$(awk -v x="$pa" -v y="$pb" 'BEGIN { printf "%.3f", (y > 0 ? x / y : 0) }')")
@@ -201,10 +215,17 @@ two() {
 	local na=$1 oa=$2 ta=$3 nb=$4 ob=$5 tb=$6 key=$7 a=$8 b=$9
 	local as=() bs=() i pa pb ma mb
 	for ((i = 0; i < pairs; i++)); do
-		# shellcheck disable=SC2086
-		pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
-		# shellcheck disable=SC2086
-		pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+		if first_a "$i"; then
+			# shellcheck disable=SC2086
+			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
+			# shellcheck disable=SC2086
+			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+		else
+			# shellcheck disable=SC2086
+			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
+			# shellcheck disable=SC2086
+			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
+		fi
 		as+=("$pa")
 		bs+=("$pb")
 		echo "bench.sh: $na / $nb run $((i + 1))/$pairs: $pa / $pb" >&2
@@ -269,8 +290,13 @@ if [ "$in_guest" = 1 ]; then
 			IFS=: read -r w tool target <<<"$spec"
 			as=() bs=() ratios=()
 			for ((i = 0; i < pairs; i++)); do
-				pa=$(ours_of "$w" "$size" "${extra[@]}")
-				pb=$(perftest_of "$tool" "$size")
+				if first_a "$i"; then
+					pa=$(ours_of "$w" "$size" "${extra[@]}")
+					pb=$(perftest_of "$tool" "$size")
+				else
+					pb=$(perftest_of "$tool" "$size")
+					pa=$(ours_of "$w" "$size" "${extra[@]}")
+				fi
 				as+=("$pa")
 				bs+=("$pb")
 				# a pair counts only when both halves measured a finite time
