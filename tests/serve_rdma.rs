@@ -241,9 +241,21 @@ fn rdma_echo_moves_1_byte_to_8_mib_through_1_2_and_16_descriptors_byte_for_byte(
         "{echoes} RDMA echoes, {bytes} bytes read and written, in {:?}",
         t0.elapsed()
     );
-    let doc = stats_json(&d);
+    // Every byte moved shows in the daemon's RDMA counters (a Write's
+    // completion can be counted just after its reply reached us: wait).
+    let doc = wait_for_stats(
+        &d,
+        Duration::from_secs(20),
+        "the RDMA byte counters",
+        |doc| field(doc, "rdma_write_bytes") >= bytes as u64,
+    );
     assert_eq!(field(&doc, "rdma_errors"), 0, "{doc}");
     assert_eq!(field(&doc, "connections"), 1, "{doc}");
+    assert_eq!(field(&doc, "rdma_read_bytes"), bytes as u64, "{doc}");
+    assert_eq!(field(&doc, "rdma_write_bytes"), bytes as u64, "{doc}");
+    // at least one doorbell for each echo's Reads and one for its Writes
+    assert!(field(&doc, "rdma_posts") >= 2 * echoes, "{doc}");
+    assert!(field(&doc, "replies_chained") <= echoes, "{doc}");
     let _ = c.close(Duration::from_secs(2));
     terminate(d);
 }

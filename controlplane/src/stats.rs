@@ -185,7 +185,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -202,6 +202,10 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.sessions,
         t.opens,
         t.qos_queued,
-        t.idle_sleeps
+        t.idle_sleeps,
+        t.rdma_read_bytes,
+        t.rdma_write_bytes,
+        t.rdma_posts,
+        t.replies_chained
     );
 }

@@ -358,6 +358,14 @@ pub struct WorkerStats {
     pub opens: AtomicU64,
     /// Requests waiting in the worker's QoS queue (upper-layer gauge).
     pub qos_queued: AtomicU64,
+    /// Bytes RDMA Read from peers by completed operations (WRITE data).
+    pub rdma_read_bytes: AtomicU64,
+    /// Bytes RDMA Written to peers by completed operations (READ data).
+    pub rdma_write_bytes: AtomicU64,
+    /// `post_send` calls carrying RDMA requests (doorbells).
+    pub rdma_posts: AtomicU64,
+    /// READ responses that went in their RDMA Write's `post_send`.
+    pub replies_chained: AtomicU64,
     /// Set when the worker thread has exited.
     pub exited: AtomicBool,
 }
@@ -393,6 +401,10 @@ impl WorkerStats {
             opens: g(&self.opens),
             qos_queued: g(&self.qos_queued),
             idle_sleeps: g(&self.idle_sleeps),
+            rdma_read_bytes: g(&self.rdma_read_bytes),
+            rdma_write_bytes: g(&self.rdma_write_bytes),
+            rdma_posts: g(&self.rdma_posts),
+            replies_chained: g(&self.replies_chained),
         }
     }
 }
@@ -434,6 +446,14 @@ pub struct WorkerStatsSnapshot {
     pub qos_queued: u64,
     /// Idle sleeps on the completion queue's wake-up descriptor.
     pub idle_sleeps: u64,
+    /// Bytes RDMA Read from peers.
+    pub rdma_read_bytes: u64,
+    /// Bytes RDMA Written to peers.
+    pub rdma_write_bytes: u64,
+    /// `post_send` calls carrying RDMA requests.
+    pub rdma_posts: u64,
+    /// READ responses posted with their RDMA Write.
+    pub replies_chained: u64,
 }
 
 impl core::ops::AddAssign for WorkerStatsSnapshot {
@@ -455,6 +475,10 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.opens += o.opens;
         self.qos_queued += o.qos_queued;
         self.idle_sleeps += o.idle_sleeps;
+        self.rdma_read_bytes += o.rdma_read_bytes;
+        self.rdma_write_bytes += o.rdma_write_bytes;
+        self.rdma_posts += o.rdma_posts;
+        self.replies_chained += o.replies_chained;
     }
 }
 

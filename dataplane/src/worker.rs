@@ -38,7 +38,9 @@
 //! control plane had used half a vCPU between them.
 
 use crate::capture::{CaptureConn, CaptureHandle};
-use crate::endpoint::{Delivery, Endpoint, EndpointError, Event, RDMA_OPS_PER_CONNECTION};
+use crate::endpoint::{
+    Delivery, Endpoint, EndpointError, Event, RdmaStats, RDMA_OPS_PER_CONNECTION,
+};
 use crate::idhash::{id_map, IdMap};
 use crate::planes::{
     wait_readable, CloseReason, ConnId, Doorbell, FromWorker, Ring, ToWorker, WorkerStats,
@@ -131,6 +133,8 @@ struct Slot<Q: QueuePair> {
     wakes: VecDeque<u64>,
     /// The endpoint's receive shortfalls already added to `pool_stalls`.
     shortfalls_seen: u64,
+    /// The endpoint's RDMA counters already added to the worker's.
+    rdma_seen: RdmaStats,
 }
 
 impl<Q: QueuePair> Slot<Q> {
@@ -141,6 +145,28 @@ impl<Q: QueuePair> Slot<Q> {
         let d = now - self.shortfalls_seen;
         self.shortfalls_seen = now;
         d
+    }
+
+    /// Adds what the connection's RDMA counters gained since the last call
+    /// to the worker's (after a flush, and at close).
+    fn add_rdma_stats(&mut self, stats: &WorkerStats) {
+        let Some(now) = self.ep.rdma().map(|r| *r.stats()) else {
+            return;
+        };
+        let was = core::mem::replace(&mut self.rdma_seen, now);
+        if now == was {
+            return;
+        }
+        WorkerStats::add(&stats.rdma_read_bytes, now.bytes_read - was.bytes_read);
+        WorkerStats::add(
+            &stats.rdma_write_bytes,
+            now.bytes_written - was.bytes_written,
+        );
+        WorkerStats::add(&stats.rdma_posts, now.chains_posted - was.chains_posted);
+        WorkerStats::add(
+            &stats.replies_chained,
+            now.replies_chained - was.replies_chained,
+        );
     }
 }
 
@@ -639,6 +665,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             held: Vec::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
             wakes: VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
             shortfalls_seen: 0,
+            rdma_seen: RdmaStats::default(),
         });
         self.by_qp.insert(qp_id, i);
         self.last_qp = None;
@@ -959,6 +986,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         if short > 0 {
             WorkerStats::add(&self.stats.pool_stalls, short);
         }
+        slot.add_rdma_stats(&self.stats);
         slot.next_timer = slot.ep.connection().poll_timeout();
         if !slot.reported_established && slot.ep.connection().is_established() {
             slot.reported_established = true;
@@ -1026,6 +1054,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let mut slot = self.slots[i].take().expect("slot present");
         self.occupied[i / 64] &= !(1 << (i % 64));
         WorkerStats::add(&self.stats.pool_stalls, slot.new_shortfalls());
+        slot.add_rdma_stats(&self.stats);
         self.by_qp.remove(&slot.ep.qp().id());
         self.last_qp = None;
         self.by_conn.remove(&slot.conn);
