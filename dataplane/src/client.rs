@@ -10,6 +10,7 @@
 //! unless the server's reply invalidated them ([`Client::recv_with_token`]).
 
 use crate::endpoint::{Endpoint, EndpointError, Event};
+use crate::marks::{self, Point};
 use crate::provider::{
     Access, Completion, CompletionQueue, Grant, MemoryRegion, Provider, ProviderError, QpCaps,
     QueuePair, Sge,
@@ -284,6 +285,7 @@ impl<P: Provider> Client<P> {
     ) -> Result<bool, ClientError> {
         let now = clock.tick();
         let n = cq.poll(wcs);
+        let detected = marks::now();
         clock.busy = n > 0;
         // Every polled completion is handled (each may return a buffer to
         // the pool); the first error is reported after the batch.
@@ -291,6 +293,7 @@ impl<P: Provider> Client<P> {
         for wc in wcs.iter().take(n) {
             match ep.on_completion(now, wc, alloc) {
                 Ok(Some(Event::Message(d))) => {
+                    marks::mark_at(Point::ClientDetect, detected);
                     on_msg(ep.message(&d), d.invalidated_token);
                     ep.release(d, alloc);
                 }

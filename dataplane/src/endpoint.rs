@@ -19,6 +19,7 @@
 //! for them.
 
 use crate::capture::{CaptureConn, CaptureHandle, CaptureOp, Direction};
+use crate::marks::{self, Point};
 use crate::provider::{
     Completion, MemoryRegion, ProviderError, QueuePair, RecvWr, RemoteBuf, SendOp, SendWr, Sge,
     WcOpcode, WcStatus,
@@ -1997,7 +1998,15 @@ impl<Q: QueuePair> Endpoint<Q> {
             op: SendOp::Send { sges, invalidate },
             signaled: true,
         }];
-        if self.qp.post_send(&wr).is_err() {
+        let server = marks::ENABLED && marks::on_server_thread();
+        if server {
+            marks::mark(Point::ServerPostBegin);
+        }
+        let posted = self.qp.post_send(&wr);
+        if server {
+            marks::mark(Point::ServerPostEnd);
+        }
+        if posted.is_err() {
             if let Some(b) = sbuf {
                 let _ = alloc.free(b);
             }

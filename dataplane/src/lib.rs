@@ -7,6 +7,7 @@ pub mod clock;
 pub mod endpoint;
 pub mod hint;
 pub mod idhash;
+pub mod marks;
 pub mod planes;
 pub mod provider;
 pub mod ratelog;

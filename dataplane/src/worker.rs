@@ -42,6 +42,7 @@ use crate::endpoint::{
     Delivery, Endpoint, EndpointError, Event, RdmaStats, RDMA_OPS_PER_CONNECTION,
 };
 use crate::idhash::{id_map, IdMap};
+use crate::marks::{self, Point};
 use crate::planes::{
     wait_readable, CloseReason, ConnId, Doorbell, FromWorker, Ring, ToWorker, WorkerStats,
     LOANED_RECEIVES,
@@ -375,6 +376,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         // Lend the control plane its receive buffers before reporting ready:
         // a connection may arrive the moment the daemon says it serves.
         self.refill_loans();
+        marks::set_server_thread();
         ready();
         let mut wcs = [Completion::EMPTY; POLL_BATCH];
         // The timer scan and idle checks compare nanoseconds since `origin`
@@ -675,6 +677,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     }
 
     fn on_completion(&mut self, now: PInstant, wc: &Completion) {
+        let detected = marks::now();
         let i = match self.last_qp {
             Some((qp, i)) if qp == wc.qp => i,
             _ => {
@@ -706,6 +709,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             Ok(None) => slot.dirty = true,
             Ok(Some(Event::Message(d))) => {
+                marks::mark_at(Point::ServerDetect, detected);
                 slot.dirty = true;
                 WorkerStats::add(&self.stats.messages_in, 1);
                 WorkerStats::add(&self.stats.bytes_in, slot.ep.message_len(&d) as u64);

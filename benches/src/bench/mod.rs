@@ -132,6 +132,10 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         eprintln!("bench: {clock}");
     }
     let r = run_chosen(opts);
+    // Built with --features latency-marks only.
+    if let Some(m) = smbdirect_dataplane::marks::report() {
+        eprintln!("bench: {m}");
+    }
     if !opts.quiet && smbdirect_dataplane::clock::mode() == smbdirect_dataplane::clock::Mode::Tsc {
         let (anchors, worst) = smbdirect_dataplane::clock::tsc_stats();
         eprintln!(

@@ -28,6 +28,7 @@ use super::pattern;
 use super::workload::{Fifo, Outcome, Session, Workload};
 use super::Retained;
 use crate::baseline;
+use smbdirect_dataplane::marks::{self, Point};
 use smbdirect_dataplane::provider::{
     Completion, CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
     RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -273,6 +274,7 @@ fn echo<P: Provider>(
     let mut echoed = 0u64;
     while !stop.0.load(Ordering::Relaxed) {
         let n = cq.poll(&mut wcs);
+        let detected = marks::now();
         for wc in &wcs[..n] {
             let i = (wc.wr_id & !RECV_BIT) as usize;
             let c = i / per_conn;
@@ -288,16 +290,20 @@ fn echo<P: Provider>(
             }
             let r = match wc.opcode {
                 WcOpcode::Recv => {
+                    marks::mark_at(Point::ServerDetect, detected);
                     let sges = [bufs.sge(i, wc.byte_len as usize)];
                     echoed += 1;
-                    qps[c].post_send(&[SendWr {
+                    marks::mark(Point::ServerPostBegin);
+                    let posted = qps[c].post_send(&[SendWr {
                         wr_id: i as u64,
                         op: SendOp::Send {
                             sges: &sges,
                             invalidate: None,
                         },
                         signaled: true,
-                    }])
+                    }]);
+                    marks::mark(Point::ServerPostEnd);
+                    posted
                 }
                 WcOpcode::Send => qps[c].post_recv(&[RecvWr {
                     wr_id: RECV_BIT | i as u64,
@@ -445,16 +451,17 @@ impl<P: Provider> Session for RawSession<P> {
         }
         let sges = [self.bufs.sge(s, self.size)];
         self.state[s] = 0;
-        self.qp
-            .post_send(&[SendWr {
-                wr_id: slot as u64,
-                op: SendOp::Send {
-                    sges: &sges,
-                    invalidate: None,
-                },
-                signaled: true,
-            }])
-            .map_err(|e| self.fail(format!("posting a Send: {e}")))?;
+        marks::mark(Point::ClientPostBegin);
+        let posted = self.qp.post_send(&[SendWr {
+            wr_id: slot as u64,
+            op: SendOp::Send {
+                sges: &sges,
+                invalidate: None,
+            },
+            signaled: true,
+        }]);
+        marks::mark(Point::ClientPostEnd);
+        posted.map_err(|e| self.fail(format!("posting a Send: {e}")))?;
         if !self.fifo.push(slot, seq) {
             return Err(self.fail("more operations started than the queue depth"));
         }
@@ -463,6 +470,7 @@ impl<P: Provider> Session for RawSession<P> {
 
     fn poll(&mut self, done: &mut dyn FnMut(Outcome)) -> Result<bool, BenchError> {
         let n = self.cq.poll(&mut self.wcs);
+        let detected = marks::now();
         for k in 0..n {
             let wc = self.wcs[k];
             if wc.status != WcStatus::Success {
@@ -474,6 +482,7 @@ impl<P: Provider> Session for RawSession<P> {
             let slot = match wc.opcode {
                 WcOpcode::Send => wc.wr_id as usize,
                 WcOpcode::Recv => {
+                    marks::mark_at(Point::ClientDetect, detected);
                     let i = (wc.wr_id & !RECV_BIT) as usize;
                     let Some((slot, seq)) = self.fifo.pop() else {
                         return Err(self.fail("an echo arrived with no operation in flight"));
@@ -506,6 +515,7 @@ impl<P: Provider> Session for RawSession<P> {
             }
             if *st == SENT | ECHOED {
                 *st = 0;
+                marks::mark(Point::ClientDone);
                 done(Outcome {
                     slot: slot as u32,
                     ok: self.ok[slot],

@@ -14,6 +14,7 @@ use super::workload::{Fifo, Outcome, Session, Workload};
 use super::Retained;
 use smbdirect_controlplane::{start, RunningServer, ServerConfig};
 use smbdirect_dataplane::client::{client_caps, Client, ClientError};
+use smbdirect_dataplane::marks::{self, Point};
 use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{Backing, HugepagePolicy, PoolConfig, SizeClass};
@@ -259,15 +260,16 @@ impl<P: Provider> Session for SendSession<P> {
         // upper layer builds its messages: `raw-send` copies nothing
         // either. Without --verify only the stamp is written.
         let verify = self.verify;
-        self.client
-            .send_with(self.len, |b| {
-                if verify {
-                    pattern::fill(b, seq);
-                } else {
-                    pattern::stamp(b, seq);
-                }
-            })
-            .map_err(|e| client_error(self.index, "sending", e))?;
+        marks::mark(Point::ClientPostBegin);
+        let sent = self.client.send_with(self.len, |b| {
+            if verify {
+                pattern::fill(b, seq);
+            } else {
+                pattern::stamp(b, seq);
+            }
+        });
+        marks::mark(Point::ClientPostEnd);
+        sent.map_err(|e| client_error(self.index, "sending", e))?;
         if !self.fifo.push(slot, seq) {
             return Err(BenchError::failed(
                 format!("connection {}", self.index),
@@ -291,6 +293,7 @@ impl<P: Provider> Session for SendSession<P> {
                 let ok = m.len() == *len
                     && pattern::stamped(m, seq)
                     && (!*verify || pattern::check(m, seq));
+                marks::mark(Point::ClientDone);
                 done(Outcome { slot, ok });
             }
             None => unexpected = true,
