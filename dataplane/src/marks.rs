@@ -54,7 +54,7 @@ const SEGMENTS: [&str; POINTS] = [
 
 #[cfg(all(feature = "latency-marks", target_arch = "x86_64"))]
 mod imp {
-    use super::{Point, POINTS, SEGMENTS};
+    use super::{Point, POINTS};
     use std::cell::Cell;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -114,39 +114,8 @@ mod imp {
         }
         // SAFETY: the run is over: no thread stamps any more.
         let t = unsafe { &*STAMPS.0.get() };
-        // the first fifth is warm-up
-        let ks = n / 5..n - 1;
-        let mut out = format!(
-            "latency marks: median TSC cycles per segment over {} round trips\n",
-            ks.len()
-        );
-        let mut total = 0i64;
-        for (seg, name) in SEGMENTS.iter().enumerate() {
-            let mut v: Vec<i64> = ks
-                .clone()
-                .map(|k| {
-                    let (a, b) = if seg + 1 == POINTS {
-                        (t[seg][k], t[0][k + 1])
-                    } else {
-                        (t[seg][k], t[seg + 1][k])
-                    };
-                    b as i64 - a as i64
-                })
-                .collect();
-            v.sort_unstable();
-            let (p25, p50, p75) = (v[v.len() / 4], v[v.len() / 2], v[v.len() * 3 / 4]);
-            total += p50;
-            out.push_str(&format!(
-                "  {name:<15} p50 {p50:>6}  (p25 {p25:>6}, p75 {p75:>6})\n"
-            ));
-        }
-        let mut rt: Vec<i64> = ks.map(|k| t[0][k + 1] as i64 - t[0][k] as i64).collect();
-        rt.sort_unstable();
-        out.push_str(&format!(
-            "  sum of medians {total}, median round trip (start to start) {}",
-            rt[rt.len() / 2]
-        ));
-        Some(out)
+        let points: [&[u64]; POINTS] = std::array::from_fn(|p| &t[p][..n]);
+        Some(super::summarize(&points))
     }
 }
 
@@ -171,9 +140,56 @@ mod imp {
     }
 
     pub fn report() -> Option<String> {
-        let _ = super::SEGMENTS;
         None
     }
+}
+
+/// The report of stamps `t[point][round trip]` (every point the same
+/// length): per segment, the median, p25 and p75 of its durations over the
+/// round trips after the first fifth (warm-up), in TSC cycles.
+#[cfg_attr(
+    not(all(feature = "latency-marks", target_arch = "x86_64")),
+    allow(dead_code)
+)]
+fn summarize(t: &[&[u64]; POINTS]) -> String {
+    let n = t[0].len();
+    if n < 10 || t.iter().any(|p| p.len() != n) {
+        return format!("latency marks: {n} round trips stamped, too few");
+    }
+    let ks = n / 5..n - 1;
+    let mut out = format!(
+        "latency marks: median TSC cycles per segment over {} round trips\n",
+        ks.len()
+    );
+    let mut total = 0i64;
+    for (seg, name) in SEGMENTS.iter().enumerate() {
+        let mut v: Vec<i64> = ks
+            .clone()
+            .map(|k| {
+                let (a, b) = if seg + 1 == POINTS {
+                    (t[seg][k], t[0][k + 1])
+                } else {
+                    (t[seg][k], t[seg + 1][k])
+                };
+                b.wrapping_sub(a) as i64
+            })
+            .collect();
+        v.sort_unstable();
+        let (p25, p50, p75) = (v[v.len() / 4], v[v.len() / 2], v[v.len() * 3 / 4]);
+        total += p50;
+        out.push_str(&format!(
+            "  {name:<15} p50 {p50:>6}  (p25 {p25:>6}, p75 {p75:>6})\n"
+        ));
+    }
+    let mut rt: Vec<i64> = ks
+        .map(|k| t[0][k + 1].wrapping_sub(t[0][k]) as i64)
+        .collect();
+    rt.sort_unstable();
+    out.push_str(&format!(
+        "  sum of medians {total}, median round trip (start to start) {}",
+        rt[rt.len() / 2]
+    ));
+    out
 }
 
 /// Whether this build stamps (the `latency-marks` feature, on x86_64).
@@ -216,4 +232,42 @@ pub fn on_server_thread() -> bool {
 /// the feature).
 pub fn report() -> Option<String> {
     imp::report()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_segment_is_the_median_gap_between_its_two_points() {
+        // 100 round trips of 100 cycles; segment i takes i + 1 cycles (the
+        // last, runner to next, takes what is left: 100 - 21 = 79), and one
+        // round trip in ten is slow in "server proc" (a median ignores it).
+        let mut t: [Vec<u64>; POINTS] = Default::default();
+        for k in 0..100u64 {
+            let mut at = 1_000 + k * 100;
+            for (p, v) in t.iter_mut().enumerate() {
+                v.push(at);
+                at += p as u64 + 1;
+                if p == 2 && k % 10 == 0 {
+                    at += 1; // stays inside the same round trip's budget
+                }
+            }
+        }
+        let points: [&[u64]; POINTS] = std::array::from_fn(|p| &t[p][..]);
+        let r = summarize(&points);
+        for (i, name) in SEGMENTS.iter().enumerate().take(POINTS - 1) {
+            let want = format!("{name:<15} p50 {:>6}", i + 1);
+            assert!(r.contains(&want), "{want:?} not in\n{r}");
+        }
+        assert!(
+            r.contains(&format!("{:<15} p50 {:>6}", "runner to next", 79)),
+            "{r}"
+        );
+        assert!(r.contains("median round trip (start to start) 100"), "{r}");
+        // stamps of unequal length are refused, not misaligned
+        let short: [&[u64]; POINTS] =
+            std::array::from_fn(|p| &t[p][..if p == 3 { 50 } else { 100 }]);
+        assert!(summarize(&short).contains("too few"));
+    }
 }
