@@ -315,7 +315,7 @@ if [ "$in_guest" = 1 ]; then
 		done
 	done
 	print_table "smbdirectd bench: verbs (Soft-RoCE rxe0 in the rxe-vm guest) vs perftest" \
-		"started $started, commit $rev, guest under TCG emulation (figures are relative only), $pairs pairs of $iterations iterations alternating ours / perftest; ratio = median of per-pair ratios"
+		"started $started, commit $rev, guest under TCG emulation (figures are relative only), $pairs pairs of $iterations iterations alternating ours / perftest (the order swapping every pair); ratio = median of per-pair ratios"
 	exit 0
 fi
 
@@ -342,7 +342,7 @@ if [ "$rxe_vm" = 1 ]; then
 		while IFS= read -r line; do rows+=("$line"); done < <(scripts/bench-cifs.sh --pairs "$pairs")
 		[ -n "$out" ] && { cat "$out"; echo; } >"$tmp/verbs.md" 2>/dev/null
 		print_table "cifs.ko over SMB Direct in the rxe-vm guest: smbdirectd vs ksmbd.ko" \
-			"started $started, commit $rev, one guest boot (TCG), same cifs.ko, mount options and files, $pairs pairs alternating smbdirectd / ksmbd.ko; ratio = median of per-pair ratios smbdirectd / ksmbd.ko (scripts/bench-cifs.sh)"
+			"started $started, commit $rev, one guest boot (TCG), same cifs.ko, mount options and files, $pairs pairs alternating smbdirectd / ksmbd.ko (the order swapping every pair); ratio = median of per-pair ratios smbdirectd / ksmbd.ko (scripts/bench-cifs.sh)"
 		# --out gets both tables
 		[ -s "$tmp/verbs.md" ] && cat "$tmp/verbs.md" "$out" >"$tmp/both.md" && cp "$tmp/both.md" "$out"
 	fi
@@ -405,4 +405,4 @@ else
 fi
 
 print_table "smbdirectd bench matrix" \
-	"started $started, commit $rev, $(nproc) cores, provider soft, one server worker, $pairs pairs of ${duration} s runs (+${warmup} s warm-up) alternating A B; ratio = median of per-pair A/B${cores:+, cores $cores}"
+	"started $started, commit $rev, $(nproc) cores, provider soft, one server worker, $pairs pairs of ${duration} s runs (+${warmup} s warm-up) alternating A B, B A, ...; ratio = median of per-pair A/B${cores:+, cores $cores}"
