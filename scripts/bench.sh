@@ -178,24 +178,26 @@ rows=()
 # one (bench-cifs.sh found such an effect in the rxe guest).
 first_a() { (($1 % 2 == 0)); }
 
+# both_runs METRIC I "A args" "B args": pair I's two soft runs, their
+# figures in run_a and run_b; A runs first in even pairs, B in odd ones.
+both_runs() {
+	local key=$1 i=$2 first=$3 second=$4 r1 r2
+	first_a "$i" || { first=$4 second=$3; }
+	# shellcheck disable=SC2086
+	r1=$(metric_of "$key" --provider soft --duration "$duration" $first)
+	# shellcheck disable=SC2086
+	r2=$(metric_of "$key" --provider soft --duration "$duration" $second)
+	if first_a "$i"; then run_a=$r1 run_b=$r2; else run_a=$r2 run_b=$r1; fi
+}
+
 # pair NAME METRIC OP TARGET "A args" "B args": alternates A and B, appends
 # a row with both medians and the median of the per-pair ratios A/B.
 pair() {
 	local name=$1 key=$2 op=$3 target=$4 a=$5 b=$6
 	local as=() bs=() ratios=() i pa pb
 	for ((i = 0; i < pairs; i++)); do
-		# A B, B A, A B ...: no side always runs first (see first_a)
-		if first_a "$i"; then
-			# shellcheck disable=SC2086
-			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
-			# shellcheck disable=SC2086
-			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
-		else
-			# shellcheck disable=SC2086
-			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
-			# shellcheck disable=SC2086
-			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
-		fi
+		both_runs "$key" "$i" "$a" "$b"
+		pa=$run_a pb=$run_b
 		as+=("$pa")
 		bs+=("$pb")
 		ratios+=("$(awk -v x="$pa" -v y="$pb" 'BEGIN { printf "%.3f", (y > 0 ? x / y : 0) }')")
@@ -215,17 +217,8 @@ two() {
 	local na=$1 oa=$2 ta=$3 nb=$4 ob=$5 tb=$6 key=$7 a=$8 b=$9
 	local as=() bs=() i pa pb ma mb
 	for ((i = 0; i < pairs; i++)); do
-		if first_a "$i"; then
-			# shellcheck disable=SC2086
-			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
-			# shellcheck disable=SC2086
-			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
-		else
-			# shellcheck disable=SC2086
-			pb=$(metric_of "$key" --provider soft --duration "$duration" $b)
-			# shellcheck disable=SC2086
-			pa=$(metric_of "$key" --provider soft --duration "$duration" $a)
-		fi
+		both_runs "$key" "$i" "$a" "$b"
+		pa=$run_a pb=$run_b
 		as+=("$pa")
 		bs+=("$pb")
 		echo "bench.sh: $na / $nb run $((i + 1))/$pairs: $pa / $pb" >&2
