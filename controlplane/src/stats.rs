@@ -166,7 +166,7 @@ impl ServerStats {
         let t = self.totals();
         let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / secs.max(1e-9);
         format!(
-            "conns {} sessions {} opens {} flows {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | credit stalls {} | rnr {} | errors {}",
+            "conns {} sessions {} opens {} flows {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | RDMA MB/s read {:.1} written {:.1} | credit stalls {} | rnr {} | errors {}",
             t.connections,
             t.sessions,
             t.opens,
@@ -175,6 +175,10 @@ impl ServerStats {
             rate(t.messages_out, prev.messages_out),
             rate(t.bytes_in, prev.bytes_in) / 1e6,
             rate(t.bytes_out, prev.bytes_out) / 1e6,
+            // READ/WRITE payloads through RDMA channels move here, not in
+            // the messages counted before
+            rate(t.rdma_read_bytes, prev.rdma_read_bytes) / 1e6,
+            rate(t.rdma_write_bytes, prev.rdma_write_bytes) / 1e6,
             t.credit_stalls,
             t.rnr,
             t.protocol_errors + t.rdma_errors
@@ -208,4 +212,47 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.rdma_posts,
         t.replies_chained
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smbdirect_hugepages::{HugepagePolicy, PoolConfig, SizeClass};
+
+    #[test]
+    fn the_periodic_line_shows_rdma_rates_beside_message_rates() {
+        let pool = PoolConfig::new(1 << 20, 1)
+            .class(SizeClass::new("send", 4096).per_slice(4))
+            .hugepages(HugepagePolicy::Disable)
+            .mlock(false)
+            .build()
+            .expect("a small pool");
+        let workers: Vec<Arc<WorkerStats>> = (0..2).map(|_| Arc::default()).collect();
+        // 3 MB read and 1 MB written by RDMA over 2 s, split over two
+        // workers; 2 MB of messages in
+        WorkerStats::add(&workers[0].rdma_read_bytes, 2_000_000);
+        WorkerStats::add(&workers[1].rdma_read_bytes, 1_000_000);
+        WorkerStats::add(&workers[1].rdma_write_bytes, 1_000_000);
+        WorkerStats::add(&workers[0].bytes_in, 2_000_000);
+        let stats = ServerStats {
+            workers,
+            worker_cores: vec![None, None],
+            accepted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            negotiate_failures: AtomicU64::new(0),
+            pool,
+            provider: "soft",
+            upper: "smb2",
+            provider_counters: Default::default(),
+            qos_flows: AtomicU64::new(0),
+            qos_opens: AtomicU64::new(0),
+            store: Default::default(),
+        };
+        let line = stats.line(&WorkerStatsSnapshot::default(), 2.0);
+        assert!(line.contains("MB/s in 1.0 out 0.0"), "{line}");
+        assert!(line.contains("RDMA MB/s read 1.5 written 0.5"), "{line}");
+        let json = stats.to_json();
+        assert!(json.contains("\"rdma_read_bytes\":3000000"), "{json}");
+        assert!(json.contains("\"rdma_write_bytes\":1000000"), "{json}");
+    }
 }
