@@ -1007,6 +1007,29 @@ macro_rules! poster {
     };
 }
 
+/// A send buffer for a message header with, past the longest header, the
+/// release stash: `Ok(None)` when the pool has none free, `Err` (the buffer
+/// given back) when the one allocated is too short or not live, which a
+/// correctly configured pool never does.
+fn send_buffer(
+    pool: &BufferPool,
+    alloc: &mut SliceAllocator,
+) -> Result<Option<(BufId, smbdirect_hugepages::BufLocation)>, ()> {
+    let Ok(sbuf) = alloc.alloc(ClassId::SEND) else {
+        return Ok(None);
+    };
+    match pool
+        .locate(sbuf)
+        .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
+    {
+        Some(loc) => Ok(Some((sbuf, loc))),
+        None => {
+            let _ = alloc.free(sbuf);
+            Err(())
+        }
+    }
+}
+
 /// A whole message's Send, sent now (`send_now`, and a reply going behind
 /// its Write's last chain in [`Endpoint::post_rdma_with`]): the header,
 /// committed by [`Connection::transmit_now`], in a send buffer whose
@@ -1027,14 +1050,7 @@ fn header_send<Q: QueuePair>(
 ) -> Option<BufId> {
     let end = offset as usize + len as usize;
     let mloc = pool.locate(msg).filter(|l| end <= l.len)?;
-    let sbuf = poster.alloc.alloc(ClassId::SEND).ok()?;
-    let Some(loc) = pool
-        .locate(sbuf)
-        .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
-    else {
-        let _ = poster.alloc.free(sbuf);
-        return None;
-    };
+    let (sbuf, loc) = send_buffer(pool, poster.alloc).ok().flatten()?;
     let mut header = [0u8; DATA_TRANSFER_PAYLOAD_OFFSET];
     if conn.transmit_now(poster, len, &mut header).is_none() {
         let _ = poster.alloc.free(sbuf);
@@ -1956,30 +1972,6 @@ impl<Q: QueuePair> Endpoint<Q> {
         Ok(self.post_now(alloc, &sges, id, invalidate, Some(sbuf), msg))
     }
 
-    /// A send buffer for a message header with, past the longest header,
-    /// the release stash: `Ok(None)` when the pool has none free, `Err`
-    /// (the buffer given back) when the one allocated is too short or not
-    /// live, which a correctly configured pool never does.
-    fn send_buffer(
-        &self,
-        alloc: &mut SliceAllocator,
-    ) -> Result<Option<(BufId, smbdirect_hugepages::BufLocation)>, ()> {
-        let Ok(sbuf) = alloc.alloc(ClassId::SEND) else {
-            return Ok(None);
-        };
-        match self
-            .pool
-            .locate(sbuf)
-            .filter(|l| l.len >= MAX_HEADER_LEN.max(RELEASE_STASH + 8))
-        {
-            Some(loc) => Ok(Some((sbuf, loc))),
-            None => {
-                let _ = alloc.free(sbuf);
-                Err(())
-            }
-        }
-    }
-
     /// Posts a Send of whole message `msg` (`send_now`, `flush_in_place`).
     /// On a provider failure frees its buffers (`sbuf`, if any, and `msg`),
     /// fails the endpoint as `flush` does and returns false.
@@ -2054,7 +2046,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             // Reserve the send buffer first, so a transmit the connection
             // commits to always has somewhere to go.
-            let (sbuf, loc) = match self.send_buffer(alloc) {
+            let (sbuf, loc) = match send_buffer(&self.pool, alloc) {
                 Ok(Some(b)) => b,
                 Ok(None) => {
                     self.stats.pool_stalls += 1;
