@@ -205,13 +205,26 @@ fn conn_state<P: Provider>(c: &Client<P>) -> String {
 }
 
 /// The last 100 lines of a daemon's log (without the hugepage warning).
+/// The daemon's log for a failure message: its whole standard error goes
+/// to a file under the target directory (the line that explains a failure
+/// can be hundreds of lines before the end), and the message carries the
+/// file's path and the last 100 log lines.
 fn daemon_log(d: &Daemon) -> String {
     let err = d.stderr.lock().unwrap().clone();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("soak-daemon-{}.log", d.child.id()));
+    let saved = match std::fs::write(&path, &err) {
+        Ok(()) => format!("whole log: {}", path.display()),
+        Err(e) => format!("(could not save the whole log to {}: {e})", path.display()),
+    };
     let lines: Vec<&str> = err
         .lines()
         .filter(|l| l.starts_with("smbdirectd:") || l.contains("panicked"))
         .collect();
-    lines[lines.len().saturating_sub(100)..].join("\n")
+    format!(
+        "{saved}\n{}",
+        lines[lines.len().saturating_sub(100)..].join("\n")
+    )
 }
 
 /// The server side, every second while the soak runs: nothing a healthy
