@@ -99,6 +99,12 @@ pub fn recv_wr_id(buf: BufId) -> u64 {
     wr_id(KIND_RECV, buf)
 }
 
+/// The buffer of a receive posted with [`recv_wr_id`], from its
+/// completion's work-request id (`None` for any other kind of request).
+pub fn recv_wr_buf(wr_id: u64) -> Option<BufId> {
+    (wr_id >> KIND_SHIFT == KIND_RECV).then(|| BufId::from_bits(wr_id & ID_MASK))
+}
+
 fn wr_id(kind: u64, buf: BufId) -> u64 {
     debug_assert_eq!(buf.to_bits() & !ID_MASK, 0, "BufId uses the tag bits");
     (kind << KIND_SHIFT) | buf.to_bits()

@@ -39,7 +39,7 @@
 
 use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{
-    Delivery, Endpoint, EndpointError, Event, RdmaStats, RDMA_OPS_PER_CONNECTION,
+    recv_wr_buf, Delivery, Endpoint, EndpointError, Event, RdmaStats, RDMA_OPS_PER_CONNECTION,
 };
 use crate::idhash::{id_map, IdMap};
 use crate::marks::{self, Point};
@@ -201,6 +201,13 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// control plane's ring yet (the peer may send its Negotiate Request the
     /// moment the accept completes). Retried after the ring is drained.
     orphans: VecDeque<Completion>,
+    /// Queue pairs refused at attach (no free slot) whose negotiate
+    /// receive, posted by the control plane with a buffer of this slice,
+    /// has not come back yet: kept (disconnected) until it flushes, so
+    /// the buffer goes home and the completion is not left circulating
+    /// among the orphans (a verbs provider may also discard the
+    /// completions of a queue pair destroyed early).
+    refused: Vec<P::Qp>,
     capture: Option<Arc<CaptureHandle>>,
     /// RDMA operations per connection (table size, allocated at attach).
     rdma_ops: usize,
@@ -262,6 +269,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             upper_events: VecDeque::with_capacity(1024),
             pending_out: VecDeque::with_capacity(cfg.max_connections * 4 + 16),
             orphans: VecDeque::with_capacity(cfg.max_connections * 2 + 16),
+            refused: Vec::with_capacity(16),
             capture: None,
             rdma_ops: RDMA_OPS_PER_CONNECTION,
             cfg,
@@ -457,7 +465,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             }
             if let Some(t) = self.shutdown_at {
                 self.needs_service = true;
-                if self.live_slots() == 0 && self.pending_out.is_empty() {
+                // A refused queue pair's receive comes back once flushed;
+                // past the grace period it is not waited for.
+                if self.live_slots() == 0
+                    && self.pending_out.is_empty()
+                    && (self.refused.is_empty() || t.elapsed() >= self.cfg.shutdown_grace)
+                {
                     break;
                 }
                 if t.elapsed() >= self.cfg.shutdown_grace {
@@ -506,6 +519,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     fn may_sleep(&self) -> bool {
         if self.shutdown_at.is_some()
             || !self.orphans.is_empty()
+            || !self.refused.is_empty()
             || !self.pending_out.is_empty()
             || !self.inbox.is_empty()
             || self.upper.busy()
@@ -621,6 +635,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     ) {
         let Some(i) = self.slots.iter().position(|s| s.is_none()) else {
             qp.disconnect();
+            if receive_posted {
+                // Its receive flushes back through our CQ (set-up path: the
+                // list may grow).
+                self.refused.push(qp);
+            }
             self.tell_cp(FromWorker::Closed {
                 conn,
                 reason: CloseReason::Capacity,
@@ -682,9 +701,19 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             Some((qp, i)) if qp == wc.qp => i,
             _ => {
                 let Some(&i) = self.by_qp.get(&wc.qp) else {
+                    if let Some(k) = self.refused.iter().position(|q| q.id() == wc.qp) {
+                        // The one receive of a queue pair refused at attach:
+                        // its buffer goes home, and the queue pair with it.
+                        if let Some(b) = recv_wr_buf(wc.wr_id) {
+                            let _ = self.alloc.free(b);
+                        }
+                        self.refused.swap_remove(k);
+                        return;
+                    }
                     // Its Attach is still in the ring (bounded: a new queue
                     // pair has only its negotiate receive posted until
-                    // attached).
+                    // attached, and the control plane has at most a ring's
+                    // worth of Attaches on their way).
                     if self.orphans.len() < self.orphans.capacity() {
                         self.orphans.push_back(*wc);
                     }
@@ -1220,7 +1249,117 @@ fn close_reason(e: EndpointError) -> CloseReason {
 
 #[cfg(test)]
 mod tests {
-    use super::next_set_bit;
+    use super::*;
+    use crate::endpoint::recv_wr_id;
+    use crate::provider::soft::SoftProvider;
+    use crate::provider::{ConnRequest, Listener, QpCaps, RecvWr};
+    use crate::upper::Echo;
+    use smbdirect_hugepages::PoolConfig;
+
+    /// A queue pair refused at attach (no free slot) gives back the
+    /// receive buffer the control plane posted for it, once its receive
+    /// flushes; nothing is left among the orphans.
+    #[test]
+    fn a_queue_pair_refused_at_attach_gives_its_negotiate_receive_buffer_back() {
+        let provider = SoftProvider::new().expect("soft provider");
+        let pool = PoolConfig::smbdirect(8 << 20, 1, 8192, 1364, 1 << 20)
+            .build()
+            .expect("pool");
+        // SAFETY: the pool outlives every use of the registration here.
+        let mr = unsafe { provider.register_pool(&pool) }.expect("register");
+        let cq = provider.create_cq(4096).expect("cq");
+        let handle = cq.handle();
+        let mut listener = provider
+            .listen("127.0.0.1:0".parse().unwrap())
+            .expect("listen");
+        let addr = listener.local_addr();
+        let cfg = WorkerConfig {
+            index: 0,
+            core: None,
+            smbd: SmbdConfig::default(),
+            idle_park: Duration::from_millis(1),
+            idle: IdleMode::Nap,
+            max_connections: 1,
+            shutdown_grace: Duration::from_millis(100),
+            send_depth: 64,
+            max_sge: 4,
+        };
+        let mut w = Worker::<SoftProvider, Echo>::new(
+            cfg,
+            cq,
+            pool.claim_slice(0).expect("slice"),
+            mr,
+            Echo,
+            crate::planes::ring(8),
+            crate::planes::ring(8),
+            crate::planes::ring(8),
+            Arc::new(WorkerStats::default()),
+        );
+        let receive_free = || pool.class_stats(0, ClassId::RECEIVE).expect("class").free;
+        let before = receive_free();
+        let caps = QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            ..QpCaps::default()
+        };
+        // Two connections, accepted as the control plane accepts them
+        // (the negotiate receive posted first); the worker has room for one.
+        let mut clients = Vec::new();
+        for conn in 0..2u64 {
+            let client_cq = provider.create_cq(64).expect("client cq");
+            let ch = client_cq.handle();
+            let (qp, client) = std::thread::scope(|s| {
+                let c = s.spawn(|| provider.connect(addr, &ch, caps, &[], Duration::from_secs(5)));
+                let req = listener
+                    .accept_request(Duration::from_secs(5))
+                    .expect("accept_request")
+                    .expect("a request");
+                let buf = w.alloc.alloc(ClassId::RECEIVE).expect("receive buffer");
+                let loc = pool.locate(buf).expect("located");
+                let recv = [RecvWr {
+                    wr_id: recv_wr_id(buf),
+                    sge: w.mr.sge(loc.offset as u64, loc.len as u32),
+                }];
+                let qp = req
+                    .accept_with_receives(&handle, caps, &[], &recv)
+                    .expect("accept");
+                (qp, c.join().expect("connector").expect("connect"))
+            });
+            clients.push((client_cq, client));
+            w.attach(conn, qp, addr, true);
+        }
+        assert_eq!(receive_free(), before - 2, "two negotiate receives posted");
+        assert_eq!(w.refused.len(), 1, "the second queue pair was refused");
+        match w.outbox.pop() {
+            Some(FromWorker::Closed {
+                conn: 1, reason, ..
+            }) => {
+                assert_eq!(reason, CloseReason::Capacity)
+            }
+            other => panic!("expected the refusal of conn 1, got {other:?}"),
+        }
+        // The refused queue pair's receive flushes back through the CQ.
+        let mut wcs = [Completion::EMPTY; 16];
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !w.refused.is_empty() && std::time::Instant::now() < deadline {
+            let n = w.cq.poll(&mut wcs);
+            let now = w.now();
+            for wc in &wcs[..n] {
+                w.on_completion(now, wc);
+            }
+        }
+        assert!(w.refused.is_empty(), "the refused receive never came back");
+        assert!(
+            w.orphans.is_empty(),
+            "a completion was left among the orphans"
+        );
+        assert_eq!(
+            receive_free(),
+            before - 1,
+            "the refused queue pair's buffer is home; the attached one's still posted"
+        );
+        drop(clients);
+    }
 
     #[test]
     fn next_set_bit_walks_every_set_bit_in_order() {
