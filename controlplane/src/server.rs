@@ -485,7 +485,12 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     let mut qos = QosEngine::new(sides.len(), cfg.policies.clone(), cfg.qos_max_flows)
         .with_flow_retention(cfg.qos_flow_retention);
     let mut conns: HashMap<u64, ConnInfo> = HashMap::new();
-    let mut attaching = vec![0usize; sides.len()];
+    // Connections each worker holds or will hold: from the Attach pushed
+    // until the worker reports the close (a slot is in use all that time),
+    // so a worker is never sent more than its slots. Exact, unlike the
+    // worker's live count plus a guess at what is still in its ring.
+    let mut held = vec![0usize; sides.len()];
+    let per_worker = cfg.max_connections.div_ceil(sides.len().max(1));
     let mut next_id = 1u64;
     let mut last_line = clock::now();
     let mut prev = stats.totals();
@@ -546,14 +551,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                         ),
                     );
                     req.reject();
-                } else {
-                    // Least-loaded worker: live connections plus those on their way.
-                    let w = (0..sides.len())
-                        .min_by_key(|&i| {
-                            stats.workers[i].connections.load(Ordering::Relaxed) as usize
-                                + attaching[i]
-                        })
-                        .unwrap_or(0);
+                } else if let Some(w) = pick_worker(&held, per_worker) {
                     // Post the negotiate receive before accepting, with a
                     // buffer the worker lent us (3.1.7.2).
                     let loan = sides[w].loans.pop().map(BufId::from_bits);
@@ -584,7 +582,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                             };
                             // A full ring is backpressure: wait for the worker.
                             push_waiting(&sides[w].to, &sides[w].bell, msg);
-                            attaching[w] += 1;
+                            held[w] += 1;
                             conns.insert(
                                 id,
                                 ConnInfo {
@@ -601,6 +599,18 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                             crate::warn!("accepting {peer} failed: {e}");
                         }
                     }
+                } else {
+                    // Every worker holds its share of the slots (only if
+                    // --max-connections does not divide among the workers
+                    // as `per_worker` assumes: kept as a clean refusal).
+                    stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    pressure.event(
+                        Pressure::MaxConnections,
+                        format_args!(
+                            "refused connection from {peer}: every worker holds its {per_worker} connections"
+                        ),
+                    );
+                    req.reject();
                 }
             }
             Ok(None) => {}
@@ -614,7 +624,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
             cfg,
             stats,
             &mut conns,
-            &mut attaching,
+            &mut held,
             &mut qos,
             &mut pressure,
         );
@@ -669,7 +679,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                 cfg,
                 stats,
                 &mut conns,
-                &mut attaching,
+                &mut held,
                 &mut qos,
                 &mut pressure,
             );
@@ -685,7 +695,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
         cfg,
         stats,
         &mut conns,
-        &mut attaching,
+        &mut held,
         &mut qos,
         &mut pressure,
     );
@@ -731,12 +741,22 @@ fn answer(req: &str, stats: &ServerStats, qos: &mut QosEngine) -> String {
     }
 }
 
+/// The worker a new connection goes to: the one holding the fewest
+/// connections (`held`: attached or on their way, until their close is
+/// reported) among those with a free slot; `None` when every worker holds
+/// `per_worker`.
+fn pick_worker(held: &[usize], per_worker: usize) -> Option<usize> {
+    (0..held.len())
+        .filter(|&i| held[i] < per_worker)
+        .min_by_key(|&i| held[i])
+}
+
 fn service_workers<P: Provider>(
     sides: &mut [WorkerSide<P>],
     cfg: &ServerConfig,
     stats: &ServerStats,
     conns: &mut HashMap<u64, ConnInfo>,
-    attaching: &mut [usize],
+    held: &mut [usize],
     qos: &mut QosEngine,
     pressure: &mut PressureLog,
 ) {
@@ -800,11 +820,7 @@ fn service_workers<P: Provider>(
                         ToWorker::Negotiated { conn, decision },
                     );
                 }
-                FromWorker::Established { conn } => {
-                    if let Some(c) = conns.get(&conn) {
-                        attaching[c.worker] = attaching[c.worker].saturating_sub(1);
-                    }
-                }
+                FromWorker::Established { .. } => {}
                 FromWorker::Closed {
                     conn,
                     reason,
@@ -842,12 +858,8 @@ fn service_workers<P: Provider>(
                         } else if !matches!(reason, CloseReason::Shutdown) {
                             crate::info!("conn {conn} from {}: closed: {reason}", c.peer);
                         }
-                        // A connection that never established still counted as attaching.
-                        if attaching[c.worker] > 0
-                            && stats.workers[c.worker].connections.load(Ordering::Relaxed) == 0
-                        {
-                            attaching[c.worker] = 0;
-                        }
+                        // Its worker's slot is free again.
+                        held[c.worker] = held[c.worker].saturating_sub(1);
                     }
                 }
             }
@@ -857,5 +869,21 @@ fn service_workers<P: Provider>(
         if let Some(s) = sides.get_mut(w) {
             s.backlog.push_back(m);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_worker;
+
+    #[test]
+    fn a_new_connection_goes_to_the_least_loaded_worker_with_a_free_slot() {
+        assert_eq!(pick_worker(&[0, 0], 2), Some(0));
+        assert_eq!(pick_worker(&[1, 0], 2), Some(1));
+        assert_eq!(pick_worker(&[2, 1, 2], 2), Some(1));
+        // Never past a worker's slots, however the others are loaded.
+        assert_eq!(pick_worker(&[2, 2], 2), None);
+        assert_eq!(pick_worker(&[3, 2], 3), Some(1));
+        assert_eq!(pick_worker(&[], 2), None);
     }
 }
