@@ -48,6 +48,9 @@ const KIND_REJECT: u32 = 3;
 const MAX_REGIONS: usize = 1024;
 /// How long a listener waits for the request after a socket connects.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connected sockets a listener holds while their requests are on the way
+/// (the kernel's backlog, 128, holds the rest).
+const MAX_PENDING: usize = 128;
 
 /// The abstract Unix socket name (without its leading NUL) a soft listener
 /// on `addr` binds: `smbdirectd-soft/127.0.0.1:4450`, `smbdirectd-soft/[::1]:445`.
@@ -422,12 +425,19 @@ fn connect_err(addr: SocketAddr, what: impl std::fmt::Display) -> ProviderError 
 
 // ---- listener -------------------------------------------------------------
 
-/// A soft listener: the bound rendezvous socket.
+/// A soft listener: the bound rendezvous socket, and the sockets accepted
+/// from it whose request has not arrived yet. Each waits on its own
+/// deadline, never in front of the others: a connector that is slow to
+/// send its request (descheduled, or never sending) holds up no one else's
+/// connection, and the caller (the control plane) is never blocked past
+/// the timeout it asked for.
 #[derive(Debug)]
 pub struct SoftListener {
     fd: OwnedFd,
     addr: SocketAddr,
     provider: Arc<ProviderInner>,
+    /// Accepted sockets and the time their request is due by.
+    pending: Vec<(OwnedFd, Instant)>,
 }
 
 impl SoftListener {
@@ -455,7 +465,12 @@ impl SoftListener {
         };
         if addr.port() != 0 {
             let fd = try_bind(addr).map_err(|e| listen_err(addr, e))?;
-            return Ok(SoftListener { fd, addr, provider });
+            return Ok(SoftListener {
+                fd,
+                addr,
+                provider,
+                pending: Vec::new(),
+            });
         }
         // Port 0: pick a free ephemeral port, as the kernel would.
         let mut rng = super::rng::XorShift::from_os();
@@ -467,6 +482,7 @@ impl SoftListener {
                         fd,
                         addr: a,
                         provider,
+                        pending: Vec::new(),
                     })
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
@@ -480,14 +496,13 @@ impl SoftListener {
     }
 }
 
-impl Listener<SoftProvider> for SoftListener {
-    fn accept_request(&mut self, timeout: Duration) -> Result<Option<SoftRequest>, ProviderError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if !wait_readable(self.fd.as_fd(), deadline)? {
-                return Ok(None);
-            }
-            // SAFETY: accept4 on our listening socket; no address is returned.
+impl SoftListener {
+    /// Moves every connection waiting in the kernel's backlog to `pending`
+    /// (up to [`MAX_PENDING`]), without waiting.
+    fn accept_backlog(&mut self) -> Result<(), ProviderError> {
+        while self.pending.len() < MAX_PENDING {
+            // SAFETY: accept4 on our listening (non-blocking) socket; no
+            // address is returned.
             let fd = unsafe {
                 libc::accept4(
                     self.fd.as_raw_fd(),
@@ -499,18 +514,64 @@ impl Listener<SoftProvider> for SoftListener {
             if fd < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => return Ok(()),
+                    io::ErrorKind::Interrupted => continue,
                     _ if e.raw_os_error() == Some(libc::ECONNABORTED) => continue,
                     _ => return Err(e.into()),
                 }
             }
             // SAFETY: a fresh fd owned by nobody else.
             let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-            // A connector sends its request right after connecting; one that
-            // does not (or sends garbage) is dropped, and we keep listening.
-            if !wait_readable(sock.as_fd(), Instant::now() + REQUEST_TIMEOUT)? {
+            self.pending.push((sock, Instant::now() + REQUEST_TIMEOUT));
+        }
+        Ok(())
+    }
+
+    /// Waits until the listening socket or a pending one is readable, or
+    /// `deadline`.
+    fn wait_any(&self, deadline: Instant) -> io::Result<()> {
+        let mut fds: Vec<libc::pollfd> = std::iter::once(&self.fd)
+            .chain(self.pending.iter().map(|(s, _)| s))
+            .map(|f| libc::pollfd {
+                fd: f.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // The listening socket is not watched while `pending` is full.
+        if self.pending.len() >= MAX_PENDING {
+            fds[0].fd = -1;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().min(i32::MAX as u128) as i32
+            + i32::from(left.subsec_nanos() % 1_000_000 != 0);
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A request that has arrived on a pending socket, if any. A socket
+    /// whose peer sent something else, or hung up, is dropped.
+    fn take_ready(&mut self) -> Option<SoftRequest> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let mut p = libc::pollfd {
+                fd: self.pending[i].0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; a zero timeout does not wait.
+            if unsafe { libc::poll(&mut p, 1, 0) } <= 0 || p.revents == 0 {
+                i += 1;
                 continue;
             }
+            let (sock, _) = self.pending.swap_remove(i);
             let Ok((bytes, fds)) = recv_msg(sock.as_fd()) else {
                 continue;
             };
@@ -522,14 +583,40 @@ impl Listener<SoftProvider> for SoftListener {
             }
             let pid = peer_pid(sock.as_fd()).unwrap_or(hello.pid as i32);
             let peer_addr = SocketAddr::new(self.addr.ip(), 49152 + (hello.binding % 16384) as u16);
-            return Ok(Some(SoftRequest {
+            return Some(SoftRequest {
                 sock,
                 hello,
                 fds,
                 pid,
                 peer_addr,
                 provider: self.provider.clone(),
-            }));
+            });
+        }
+        None
+    }
+}
+
+impl Listener<SoftProvider> for SoftListener {
+    fn accept_request(&mut self, timeout: Duration) -> Result<Option<SoftRequest>, ProviderError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.accept_backlog()?;
+            if let Some(r) = self.take_ready() {
+                return Ok(Some(r));
+            }
+            // A connector that sends no request in time is dropped.
+            let now = Instant::now();
+            self.pending.retain(|(_, due)| *due > now);
+            if now >= deadline {
+                return Ok(None);
+            }
+            let wake = self
+                .pending
+                .iter()
+                .map(|(_, due)| *due)
+                .min()
+                .map_or(deadline, |d| d.min(deadline));
+            self.wait_any(wake)?;
         }
     }
 
@@ -1033,6 +1120,72 @@ mod tests {
             rendezvous_name("[::1]:445".parse().unwrap()),
             "smbdirectd-soft/[::1]:445"
         );
+    }
+
+    /// A connector that connects and sends no request (descheduled, or
+    /// hostile) is first in the backlog: the listener still hands over the
+    /// request behind it at once, every call returns within its timeout,
+    /// and the silent one is dropped after [`REQUEST_TIMEOUT`].
+    #[test]
+    fn a_connector_that_sends_nothing_holds_up_no_other_connection() {
+        use crate::provider::soft::SoftProvider;
+        use crate::provider::{CompletionQueue, ConnRequest, Listener, Provider};
+        let provider = SoftProvider::new().expect("soft provider");
+        let mut listener = provider
+            .listen("127.0.0.1:0".parse().unwrap())
+            .expect("listen");
+        let addr = listener.local_addr();
+        let silent = seqpacket(false).expect("socket");
+        let (sa, len) = abstract_addr(&rendezvous_name(addr)).expect("name");
+        // SAFETY: `sa` is a valid sockaddr_un of length `len`.
+        let r = unsafe {
+            libc::connect(
+                silent.as_raw_fd(),
+                (&sa as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        assert_eq!(r, 0, "the silent connector connects");
+        let client = SoftProvider::new().expect("client provider");
+        let cq = client.create_cq(1024).expect("cq");
+        let h = cq.handle();
+        std::thread::scope(|s| {
+            let c = s.spawn(|| {
+                client.connect(addr, &h, QpCaps::default(), &[], Duration::from_secs(10))
+            });
+            let start = Instant::now();
+            let mut got = None;
+            while got.is_none() && start.elapsed() < Duration::from_secs(10) {
+                let call = Instant::now();
+                got = listener
+                    .accept_request(Duration::from_millis(20))
+                    .expect("accept_request");
+                assert!(
+                    call.elapsed() < Duration::from_secs(1),
+                    "one call blocked for {:?}",
+                    call.elapsed()
+                );
+            }
+            let req = got.expect("the real connector's request");
+            assert!(
+                start.elapsed() < REQUEST_TIMEOUT,
+                "the silent connector held the real one up for {:?}",
+                start.elapsed()
+            );
+            req.reject();
+            assert!(
+                c.join().expect("connector").is_err(),
+                "the real connector was rejected"
+            );
+        });
+        assert_eq!(listener.pending.len(), 1, "the silent socket still waits");
+        std::thread::sleep(REQUEST_TIMEOUT);
+        assert!(listener
+            .accept_request(Duration::ZERO)
+            .expect("accept_request")
+            .is_none());
+        assert!(listener.pending.is_empty(), "the silent socket was dropped");
+        drop(silent);
     }
 
     #[test]
