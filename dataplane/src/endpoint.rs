@@ -1727,7 +1727,17 @@ impl<Q: QueuePair> Endpoint<Q> {
                     }
                     None => n,
                 };
-                qp.post_send(&wrs[..total])
+                // A reply chained behind its Write is the server's post of
+                // the reply (latency marks: an SMB2 READ's round trip).
+                let server = marks::ENABLED && reply_wr.is_some() && marks::on_server_thread();
+                if server {
+                    marks::mark(Point::ServerPostBegin);
+                }
+                let r = qp.post_send(&wrs[..total]);
+                if server {
+                    marks::mark(Point::ServerPostEnd);
+                }
+                r
             };
             match posted {
                 Ok(()) => {}

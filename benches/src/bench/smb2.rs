@@ -47,6 +47,7 @@ use super::workload::{Outcome, Session, Workload};
 use super::Retained;
 use smbdirect_controlplane::{start, RunningServer};
 use smbdirect_dataplane::clock;
+use smbdirect_dataplane::marks::{self, Point};
 use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::smb2::client::{
     Completion, IoBuf, MessageId, Smb2Client, Smb2ClientOptions, Smb2Error, Transfer,
@@ -614,10 +615,12 @@ impl<P: Provider> Smb2Session<P> {
             };
             let off = sl.block * self.size as u64;
             let len = self.size as u32;
+            marks::mark(Point::ClientPostBegin);
             let r = match sl.phase {
                 Phase::Write => self.c.submit_write(fid, off, len, sl.buf, self.transfer),
                 _ => self.c.submit_read(fid, off, len, sl.buf, self.transfer),
             };
+            marks::mark(Point::ClientPostEnd);
             match r {
                 Ok(id) => {
                     self.slots[s].id = id;
@@ -764,6 +767,7 @@ impl<P: Provider> Smb2Session<P> {
         if sl.measured {
             self.last_measured_done = Some(now);
         }
+        marks::mark(Point::ClientDone);
         done(Outcome { slot: s as u32, ok });
         Ok(())
     }
