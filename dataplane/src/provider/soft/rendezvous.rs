@@ -556,19 +556,30 @@ impl SoftListener {
         Ok(())
     }
 
-    /// A request that has arrived on a pending socket, if any. A socket
-    /// whose peer sent something else, or hung up, is dropped.
+    /// A request that has arrived on a pending socket, if any (one poll
+    /// of them all; others that arrived are taken by the next calls). A
+    /// socket whose peer sent something else, or hung up, is dropped.
     fn take_ready(&mut self) -> Option<SoftRequest> {
-        let mut i = 0;
-        while i < self.pending.len() {
-            let mut p = libc::pollfd {
-                fd: self.pending[i].0.as_raw_fd(),
+        if self.pending.is_empty() {
+            return None;
+        }
+        let mut polls: Vec<libc::pollfd> = self
+            .pending
+            .iter()
+            .map(|(s, _)| libc::pollfd {
+                fd: s.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            // SAFETY: one valid pollfd; a zero timeout does not wait.
-            if unsafe { libc::poll(&mut p, 1, 0) } <= 0 || p.revents == 0 {
-                i += 1;
+            })
+            .collect();
+        // SAFETY: `polls` is a valid array of `polls.len()` pollfds; a zero
+        // timeout does not wait.
+        if unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) } <= 0 {
+            return None;
+        }
+        // Backwards, so swap_remove keeps the indices still to visit valid.
+        for i in (0..polls.len()).rev() {
+            if polls[i].revents == 0 {
                 continue;
             }
             let (sock, _) = self.pending.swap_remove(i);
