@@ -600,9 +600,10 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
                         }
                     }
                 } else {
-                    // Every worker holds its share of the slots (only if
-                    // --max-connections does not divide among the workers
-                    // as `per_worker` assumes: kept as a clean refusal).
+                    // Every worker holds its share of the slots: not while
+                    // `held` sums to `conns.len()`, below --max-connections
+                    // here, with ceil(max / workers) slots each; a clean
+                    // refusal all the same.
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
                     pressure.event(
                         Pressure::MaxConnections,
@@ -820,7 +821,6 @@ fn service_workers<P: Provider>(
                         ToWorker::Negotiated { conn, decision },
                     );
                 }
-                FromWorker::Established { .. } => {}
                 FromWorker::Closed {
                     conn,
                     reason,

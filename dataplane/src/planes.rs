@@ -181,11 +181,6 @@ pub enum FromWorker {
         /// The message's length.
         len: usize,
     },
-    /// Negotiation completed.
-    Established {
-        /// Connection id.
-        conn: ConnId,
-    },
     /// The connection is gone and every buffer it held is back in the pool.
     Closed {
         /// Connection id.

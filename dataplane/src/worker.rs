@@ -126,7 +126,6 @@ struct Slot<Q: QueuePair> {
     deferred: VecDeque<Delivery>,
     dirty: bool,
     closing: Option<CloseReason>,
-    reported_established: bool,
     next_timer: Option<PInstant>,
     /// Messages the upper layer holds ([`Replies::hold`]), by token.
     held: Vec<(u64, Delivery)>,
@@ -681,7 +680,6 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             deferred,
             dirty: false,
             closing,
-            reported_established: false,
             next_timer,
             held: Vec::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
             wakes: VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
@@ -1021,14 +1019,6 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         }
         slot.add_rdma_stats(&self.stats);
         slot.next_timer = slot.ep.connection().poll_timeout();
-        if !slot.reported_established && slot.ep.connection().is_established() {
-            slot.reported_established = true;
-            let conn = slot.conn;
-            match self.outbox.push(FromWorker::Established { conn }) {
-                Ok(()) => self.told = true,
-                Err(m) => self.pending_out.push_back(m),
-            }
-        }
         true
     }
 
