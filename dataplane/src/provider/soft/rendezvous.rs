@@ -250,17 +250,27 @@ fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
 
 /// Waits until `fd` is readable or `deadline` passes; true if readable.
 fn wait_readable(fd: BorrowedFd<'_>, deadline: Instant) -> io::Result<bool> {
+    Ok(poll_in(&mut [pollin(fd.as_raw_fd())], deadline)? > 0)
+}
+
+/// A `pollfd` asking whether `fd` is readable.
+fn pollin(fd: libc::c_int) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// `poll(2)` on `fds` until one is ready or `deadline` (already past: a
+/// look that does not wait), retrying on EINTR; how many are ready.
+fn poll_in(fds: &mut [libc::pollfd], deadline: Instant) -> io::Result<usize> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let ms = left.as_millis().min(i32::MAX as u128) as i32
             + i32::from(left.subsec_nanos() % 1_000_000 != 0);
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -268,11 +278,8 @@ fn wait_readable(fd: BorrowedFd<'_>, deadline: Instant) -> io::Result<bool> {
             }
             return Err(e);
         }
-        if r > 0 {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
+        if r > 0 || Instant::now() >= deadline {
+            return Ok(r as usize);
         }
     }
 }
@@ -532,28 +539,13 @@ impl SoftListener {
     fn wait_any(&self, deadline: Instant) -> io::Result<()> {
         let mut fds: Vec<libc::pollfd> = std::iter::once(&self.fd)
             .chain(self.pending.iter().map(|(s, _)| s))
-            .map(|f| libc::pollfd {
-                fd: f.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|f| pollin(f.as_raw_fd()))
             .collect();
         // The listening socket is not watched while `pending` is full.
         if self.pending.len() >= MAX_PENDING {
             fds[0].fd = -1;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ms = left.as_millis().min(i32::MAX as u128) as i32
-            + i32::from(left.subsec_nanos() % 1_000_000 != 0);
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-        Ok(())
+        poll_in(&mut fds, deadline).map(|_| ())
     }
 
     /// A request that has arrived on a pending socket, if any (one poll
@@ -566,15 +558,10 @@ impl SoftListener {
         let mut polls: Vec<libc::pollfd> = self
             .pending
             .iter()
-            .map(|(s, _)| libc::pollfd {
-                fd: s.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|(s, _)| pollin(s.as_raw_fd()))
             .collect();
-        // SAFETY: `polls` is a valid array of `polls.len()` pollfds; a zero
-        // timeout does not wait.
-        if unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) } <= 0 {
+        // A look that does not wait; an error is a look that found nothing.
+        if !poll_in(&mut polls, Instant::now()).is_ok_and(|n| n > 0) {
             return None;
         }
         // Backwards, so swap_remove keeps the indices still to visit valid.
