@@ -222,20 +222,7 @@ fn daemon_log(d: &Daemon) -> String {
         .filter(|l| l.starts_with("smbdirectd:") || l.contains("panicked"))
         .collect();
     // Its counters now (timeouts, refusals, errors), if it still answers.
-    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
-        .args(["stats", "--json", "--admin-socket", &d.admin])
-        .output()
-        .map(|o| {
-            if o.status.success() {
-                String::from_utf8_lossy(&o.stdout).into_owned()
-            } else {
-                format!(
-                    "(stats failed: {})",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )
-            }
-        })
-        .unwrap_or_else(|e| format!("(stats not run: {e})"));
+    let stats = try_stats_json(d).unwrap_or_else(|e| format!("(stats failed: {})", e.trim()));
     format!(
         "{saved}\nstats: {}\n{}",
         stats.trim(),

@@ -105,19 +105,25 @@ impl Drop for Daemon {
 pub fn stats_json(d: &Daemon) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
-            .args(["stats", "--json", "--admin-socket", &d.admin])
-            .output()
-            .expect("run stats");
-        let err = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success()
-            && err.contains("did not answer within")
-            && Instant::now() < deadline
-        {
-            continue;
+        match try_stats_json(d) {
+            Ok(doc) => return doc,
+            Err(err) if err.contains("did not answer within") && Instant::now() < deadline => {}
+            Err(err) => panic!("stats failed: {err}"),
         }
-        assert!(out.status.success(), "stats failed: {err}");
-        return String::from_utf8(out.stdout).unwrap();
+    }
+}
+
+/// One `smbdirectd stats --json` against the daemon: its output, or what
+/// the command said on failure.
+pub fn try_stats_json(d: &Daemon) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["stats", "--json", "--admin-socket", &d.admin])
+        .output()
+        .map_err(|e| format!("running stats: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 
