@@ -19,7 +19,7 @@
 //! for them.
 
 use crate::capture::{CaptureConn, CaptureHandle, CaptureOp, Direction};
-use crate::marks::{self, Point};
+use crate::marks;
 use crate::provider::{
     Completion, MemoryRegion, ProviderError, QueuePair, RecvWr, RemoteBuf, SendOp, SendWr, Sge,
     WcOpcode, WcStatus,
@@ -1729,15 +1729,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 };
                 // A reply chained behind its Write is the server's post of
                 // the reply (latency marks: an SMB2 READ's round trip).
-                let server = marks::ENABLED && reply_wr.is_some() && marks::on_server_thread();
-                if server {
-                    marks::mark(Point::ServerPostBegin);
-                }
-                let r = qp.post_send(&wrs[..total]);
-                if server {
-                    marks::mark(Point::ServerPostEnd);
-                }
-                r
+                marks::server_post(reply_wr.is_some(), || qp.post_send(&wrs[..total]))
             };
             match posted {
                 Ok(()) => {}
@@ -2006,14 +1998,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             op: SendOp::Send { sges, invalidate },
             signaled: true,
         }];
-        let server = marks::ENABLED && marks::on_server_thread();
-        if server {
-            marks::mark(Point::ServerPostBegin);
-        }
-        let posted = self.qp.post_send(&wr);
-        if server {
-            marks::mark(Point::ServerPostEnd);
-        }
+        let posted = marks::server_post(true, || self.qp.post_send(&wr));
         if posted.is_err() {
             if let Some(b) = sbuf {
                 let _ = alloc.free(b);

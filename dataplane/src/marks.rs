@@ -253,6 +253,22 @@ pub fn on_server_thread() -> bool {
     imp::on_server_thread()
 }
 
+/// Runs `post` (a reply's `post_send`), stamped as the server's post when
+/// `reply` and called on the server's thread; without the feature, just
+/// runs it.
+#[inline(always)]
+pub fn server_post<R>(reply: bool, post: impl FnOnce() -> R) -> R {
+    let server = ENABLED && reply && on_server_thread();
+    if server {
+        mark(Point::ServerPostBegin);
+    }
+    let r = post();
+    if server {
+        mark(Point::ServerPostEnd);
+    }
+    r
+}
+
 /// The per-segment medians of the round trips stamped so far (None without
 /// the feature).
 pub fn report() -> Option<String> {
