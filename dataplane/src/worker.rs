@@ -1168,16 +1168,20 @@ fn settle<Q: crate::provider::QueuePair>(
     let (queued, attached) = (&queued[..o.count], o.attached);
     match r {
         Ok(()) => {
+            // A reply in place (the message's own receive buffer) carries
+            // its header over the request's where the provider says the
+            // device wrote that buffer (QueuePair::
+            // reply_header_in_receive_buffer: verbs); with the soft
+            // provider it keeps the general path (header in a send
+            // buffer): the peer's core wrote the buffer, and writing the
+            // header into it costs this core the line's ownership back,
+            // about what the send buffer saves (same-run alternation:
+            // docs/bench-results.md, "SMB Direct send path"). A reply built
+            // here (`Replies::reply`, a local buffer) and the client's
+            // messages go in place.
+            let header_in_place = ep.qp().reply_header_in_receive_buffer();
             for q in queued {
-                // The bytes before a reply are its own (QueuedReply), but a
-                // reply in place keeps the general path (header in a send
-                // buffer): its receive buffer was just written by the peer
-                // (with the soft provider, by the peer's core), and writing
-                // the header into it costs this core the line's ownership
-                // back, about what the send buffer saves (same-run
-                // alternation: docs/bench-results.md, "SMB Direct send
-                // path"). A reply built here (`Replies::reply`, a local
-                // buffer) and the client's messages go in place.
+                // The bytes before a reply are its own (QueuedReply).
                 //
                 // Posted at once when nothing waits to go before it
                 // (`Endpoint::send_now`); a reply to a finished RDMA
@@ -1185,7 +1189,7 @@ fn settle<Q: crate::provider::QueuePair>(
                 // transfer (posted by the flush, RDMA first) keeps going
                 // ahead of it.
                 let r = if completing.is_none() {
-                    let room = !q.in_place;
+                    let room = !q.in_place || header_in_place;
                     ep.send_now(alloc, q.buf, q.offset, q.len, q.invalidate, room)
                         .map(|_| ())
                 } else if q.in_place {

@@ -344,6 +344,22 @@ pub trait QueuePair: Send {
     /// completes there ([MS-SMBD] 1.5).
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ProviderError>;
 
+    /// Whether a reply sent straight from the receive buffer of the message
+    /// it answers (`Replies::reply_in_place`) should carry its SMB Direct
+    /// header in that buffer too, over the 24 bytes of the request's own
+    /// header before the payload: one contiguous Send and no send buffer,
+    /// instead of the header in a send buffer and the payload gathered
+    /// (two SGEs). Worth it where the device, not another core, wrote the
+    /// receive buffer (a NIC's DMA; Soft-RoCE's kernel copy): the line is
+    /// this core's to write for nothing. The soft provider answers false:
+    /// its receive buffers are written by the peer's core, and taking the
+    /// header's line back costs about what the send buffer saves
+    /// (docs/bench-results.md, "SMB Direct send path"). On the wire nothing
+    /// differs.
+    fn reply_header_in_receive_buffer(&self) -> bool {
+        false
+    }
+
     /// Grants the peer `access` to exactly the bytes of `sge`, through this
     /// queue pair only, until revoked. Completes with [`WcOpcode::Bind`] if
     /// `signaled`.

@@ -602,6 +602,12 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
+    fn reply_header_in_receive_buffer(&self) -> bool {
+        // The receive buffer was written by the device (DMA; rxe's kernel
+        // copy), not by another core of ours.
+        true
+    }
+
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ProviderError> {
         self.check_connected()?;
         if (self.shadow.sq.room(self.sq_head) as usize) < wrs.len() {
