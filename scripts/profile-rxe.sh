@@ -2,25 +2,30 @@
 # User-space instructions per `send` round trip on Soft-RoCE: ours against
 # perftest's ib_send_lat, counted by callgrind inside the rxe guest.
 #
-#   scripts/profile-rxe.sh [--bin PATH] [--size BYTES] [--top N] [--keep DIR]
+#   scripts/profile-rxe.sh [--bin PATH] [--size BYTES] [--reps N] [--top N] [--keep DIR]
 #   scripts/profile-rxe.sh --from DIR    (the profiles a --keep DIR run kept)
 #
 # Why: in the TCG guest of ../shared/rxe-vm every instruction is emulated,
 # so the user-space work per message is a large part of the `send` row's
 # gap to ib_send_lat (scripts/bench.sh --rxe-vm), and its latency figures
 # move by tens of percent with the host's load. An instruction count does
-# not: it gives the same figure on every run, so a change to the send path
-# can be judged in one run.
+# moves by a few percent at most, so a change to the send path can be
+# judged in one run.
 #
 # How: one guest boot (under `flock /tmp/rxe-vm.lock`, like bench.sh) runs
 # `valgrind --tool=callgrind` on
 #   - `smbdirectd bench --provider verbs --loopback --workload send` (client
 #     and server worker in one process, as in bench.sh's row), and
 #   - ib_send_lat's server and client (two processes),
-# each at two iteration counts (300 and 900). Start-up, connection set-up
+# each at two iteration counts (200 and 600). Start-up, connection set-up
 # and tear-down cost the same in both runs of a program, so the difference
-# divided by 600 is what one round trip costs, every thread and both ends
-# together. perftest's count includes its sort of the latency samples
+# divided by 400 is what one round trip costs, every thread and both ends
+# together. Busy polls that find nothing are counted too, and how many
+# there are depends on how valgrind and the guest schedule the threads:
+# a run where a poller spun while the thread it waited for was held up
+# counts thousands more per round trip. Each run is repeated (--reps,
+# default 3) and the fewest instructions at each count are taken: spinning
+# only ever adds. perftest's count includes its sort of the latency samples
 # after the loop (n log n, so it grows with the iterations too): it is
 # printed separately and left out of its per-round-trip figure. The kernel's
 # share (rxe's packet processing, the doorbell's system call) is not
@@ -29,13 +34,14 @@
 # Prints the two per-round-trip figures, their ratio, and the functions of
 # ours that cost the most per round trip (exclusive instructions).
 # Needs valgrind on the host (`apt-get install -y valgrind`; the guest runs
-# the host's binaries) and the rxe-vm rig. Takes about 3 minutes.
+# the host's binaries) and the rxe-vm rig. Takes about 4 minutes at --reps 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin=target/release/smbdirectd
 size=512
 top=25
+reps=3
 keep=
 from=
 while [ $# -gt 0 ]; do
@@ -43,14 +49,15 @@ while [ $# -gt 0 ]; do
 	--bin) bin=$2; shift 2 ;;
 	--size) size=$2; shift 2 ;;
 	--top) top=$2; shift 2 ;;
+	--reps) reps=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
 	--from) from=$2; shift 2 ;;
-	-h | --help) sed -n '2,33p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,38p' "$0"; exit 0 ;;
 	*) echo "profile-rxe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 done
-n1=300
-n2=900
+n1=200
+n2=600
 if [ -n "$from" ]; then
 	p=$from
 	bin="(profiles of $from)"
@@ -74,21 +81,24 @@ else
 	#!/bin/bash
 	set -u
 	out=\$(mktemp -d)
+	for r in \$(seq $reps); do
 	for n in $n1 $n2; do
-		valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file=\$out/ours-\$n \\
+		valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file=\$out/ours-\$n.\$r \\
 			$bin bench --provider verbs --listen \$RXE_IP:0 --loopback --workload send \\
-			--size $size --iterations \$n --warmup 0 --quiet >\$out/ours-\$n.log 2>&1 ||
-			{ echo "ours, \$n iterations, failed:" >&2; tail -20 \$out/ours-\$n.log >&2; exit 1; }
+			--size $size --iterations \$n --warmup 0 --quiet >\$out/ours.log 2>&1 ||
+			{ echo "ours, \$n iterations, failed:" >&2; tail -20 \$out/ours.log >&2; exit 1; }
 		port=\$((18515 + RANDOM % 1000))
-		valgrind --tool=callgrind --callgrind-out-file=\$out/pts-\$n \\
-			ib_send_lat -d \$RXE_DEV -x \$RXE_GID_INDEX -s $size -n \$n -p \$port >\$out/pts-\$n.log 2>&1 &
+		valgrind --tool=callgrind --callgrind-out-file=\$out/pts-\$n.\$r \\
+			ib_send_lat -d \$RXE_DEV -x \$RXE_GID_INDEX -s $size -n \$n -p \$port >\$out/pts.log 2>&1 &
 		srv=\$!
-		sleep 15
-		valgrind --tool=callgrind --callgrind-out-file=\$out/ptc-\$n \\
-			ib_send_lat -d \$RXE_DEV -x \$RXE_GID_INDEX -s $size -n \$n -p \$port \$RXE_IP >\$out/ptc-\$n.log 2>&1 ||
-			{ echo "ib_send_lat client, \$n iterations, failed:" >&2; tail -20 \$out/ptc-\$n.log >&2; exit 1; }
+		sleep 8
+		valgrind --tool=callgrind --callgrind-out-file=\$out/ptc-\$n.\$r \\
+			ib_send_lat -d \$RXE_DEV -x \$RXE_GID_INDEX -s $size -n \$n -p \$port \$RXE_IP >\$out/ptc.log 2>&1 ||
+			{ echo "ib_send_lat client, \$n iterations, failed:" >&2; tail -20 \$out/ptc.log >&2; exit 1; }
 		wait \$srv || { echo "ib_send_lat server failed" >&2; exit 1; }
 	done
+	done
+	rm -f \$out/*.log
 	tar czf - -C \$out . | base64 -w0
 	EOF
 	chmod +x "$work/guest.sh"
@@ -128,31 +138,76 @@ calls() {
 		/^calls=/ { n = $1; sub(/^calls=/, "", n); if (names[callee] ~ re) s += n }
 		END { print s + 0 }' "$1"
 }
+# The librxe function behind ibv_poll_cq: ours and perftest call the same
+# one, so its calls count the polls of either (perftest has no symbols).
+POLL_FN='^0x0000000000002ca0$'
+# fit PROGRAM K: fits instructions = a + b * round trips + e * polls over
+# every run of PROGRAM (both counts, every repeat: set-up and spinning
+# differ from run to run, the polls say how much of it was polling) and
+# prints "W e" where W = b + K * e, the instructions of a round trip whose
+# K completions each took one poll and no poll came up empty.
+fit() {
+	local f
+	for f in "$p/$1"-*; do
+		local n=${f##*/$1-}
+		n=${n%%.*}
+		echo "$n $(calls "$f" "$POLL_FN") $(total "$f")"
+	done | awk -v k="$2" '
+		{ m++; x[m] = $1; q[m] = $2; y[m] = $3 }
+		END {
+			for (i = 1; i <= m; i++) {
+				s01 += x[i]; s02 += q[i]; s11 += x[i] * x[i]; s12 += x[i] * q[i]
+				s22 += q[i] * q[i]; t0 += y[i]; t1 += x[i] * y[i]; t2 += q[i] * y[i]
+			}
+			s00 = m
+			det = s00 * (s11 * s22 - s12 * s12) - s01 * (s01 * s22 - s12 * s02) + s02 * (s01 * s12 - s11 * s02)
+			if (m < 4 || det == 0 || (det < 0 ? -det : det) < 1e-9 * s11 * s22) { print "- -"; exit }
+			db = s00 * (t1 * s22 - t2 * s12) - t0 * (s01 * s22 - s12 * s02) + s02 * (s01 * t2 - t1 * s02)
+			de = s00 * (s11 * t2 - s12 * t1) - s01 * (s01 * t2 - t1 * s02) + t0 * (s01 * s12 - s11 * s02)
+			printf "%.0f %.0f\n", db / det + k * de / det, de / det
+		}'
+}
+# least FILES...: the run, of a program's repeats at one count, that polled
+# least (for the per-function table).
+least() {
+	local f best= bq=
+	for f in "$@"; do
+		[ -e "$f" ] || continue
+		local q
+		q=$(calls "$f" "$POLL_FN")
+		if [ -z "$bq" ] || [ "$q" -lt "$bq" ]; then best=$f bq=$q; fi
+	done
+	echo "$best"
+}
 per_rt() { awk -v a="$1" -v b="$2" -v n=$((n2 - n1)) 'BEGIN { printf "%.0f", (b - a) / n }'; }
 
-ours=$(per_rt "$(total "$p/ours-$n1")" "$(total "$p/ours-$n2")")
+# Ours: four completions a round trip (each end's receive and Send).
+# perftest: one per end (its receive; ib_send_lat signals a Send only every
+# so many).
+read -r ours ours_e < <(fit ours 4)
+read -r ptc ptc_e < <(fit ptc 1)
+read -r pts pts_e < <(fit pts 1)
+if [ "$ours" = - ] || [ "$ptc" = - ] || [ "$pts" = - ]; then
+	echo "profile-rxe.sh: too few runs, or runs that polled alike, to separate polling from the round trips' work (--reps 3 or more)" >&2
+	exit 1
+fi
+o1=$(least "$p/ours-$n1".*) o2=$(least "$p/ours-$n2".*)
+s1=$(least "$p/pts-$n1".*) s2=$(least "$p/pts-$n2".*)
+c1=$(least "$p/ptc-$n1".*) c2=$(least "$p/ptc-$n2".*)
 sort_re='msort|qsort'
-pt_all=$(($(per_rt "$(total "$p/pts-$n1")" "$(total "$p/pts-$n2")") + $(per_rt "$(total "$p/ptc-$n1")" "$(total "$p/ptc-$n2")")))
-pt_sort=$(($(per_rt "$(total "$p/pts-$n1" "$sort_re")" "$(total "$p/pts-$n2" "$sort_re")") + $(per_rt "$(total "$p/ptc-$n1" "$sort_re")" "$(total "$p/ptc-$n2" "$sort_re")")))
-pt=$((pt_all - pt_sort))
+pt_sort=$(($(per_rt "$(total "$s1" "$sort_re")" "$(total "$s2" "$sort_re")") + $(per_rt "$(total "$c1" "$sort_re")" "$(total "$c2" "$sort_re")")))
+pt=$((ptc + pts - pt_sort))
 echo
 echo "## User-space instructions per $size B send round trip (rxe guest, callgrind; $bin)"
 echo
-echo "| program | instructions per round trip |"
-echo "|---|---|"
-echo "| smbdirectd bench --workload send (client and server) | $ours |"
-echo "| ib_send_lat (server and client), its sample sort left out | $pt |"
-echo "| ib_send_lat's sample sort (left out above) | $pt_sort |"
-echo "| ratio | $(awk -v a="$ours" -v b="$pt" 'BEGIN { printf "%.2f", a / b }') |"
-polls=$(per_rt "$(calls "$p/ours-$n1" 'VerbsCq as .*CompletionQueue>::poll$')" "$(calls "$p/ours-$n2" 'VerbsCq as .*CompletionQueue>::poll$')")
+echo "| program | instructions per round trip | per empty poll |"
+echo "|---|---|---|"
+echo "| smbdirectd bench --workload send (client and server) | $ours | $ours_e |"
+echo "| ib_send_lat (server and client), its sample sort left out | $pt | $pts_e (server), $ptc_e (client) |"
+echo "| ib_send_lat's sample sort (left out above) | $pt_sort | |"
+echo "| ratio | $(awk -v a="$ours" -v b="$pt" 'BEGIN { printf "%.2f", a / b }') | |"
 echo
-echo "Completion-queue polls per round trip, ours (both ends; 4 find a completion): $polls"
-if [ "$polls" -gt 12 ]; then
-	echo
-	echo "WARNING: many empty polls: the busy-poll loops ran while waiting (a loaded host slows the guest's kernel work), and their instructions are in the figure above. Run again on a quiet host."
-fi
-echo
-echo "Ours, the $top costliest functions per round trip (exclusive):"
+echo "Ours, the $top costliest functions per round trip (exclusive; from the two runs that polled least, so their polling is in it):"
 echo
 # Per-function difference of the two runs.
 diff_fns() {
@@ -166,4 +221,4 @@ diff_fns() {
 		END { for (k in x) if (x[k] / n >= 1) printf "%8.0f  %s\n", x[k] / n, k }' |
 		sort -rn | head -"$top" | sed "s|$PWD/||g; s|/rustc/[0-9a-f]*/library/|std:|g"
 }
-diff_fns "$p/ours-$n1" "$p/ours-$n2"
+diff_fns "$o1" "$o2"
