@@ -22,7 +22,7 @@ use smbdirect_protocol::smbd::{Connection, SmbdConfig};
 use smbdirect_protocol::time::Instant as PInstant;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Why a client operation failed.
 #[derive(Debug)]
@@ -112,7 +112,8 @@ const CLOCK_IDLE_POLLS: u32 = 16;
 /// ([`crate::clock::idle_polls_per_read`]).
 #[derive(Debug)]
 struct PollClock {
-    origin: Instant,
+    /// Its start, in [`crate::clock::now_ns`]'s count.
+    origin: u64,
     now: PInstant,
     /// Steps since the last read.
     idle: u32,
@@ -125,7 +126,7 @@ struct PollClock {
 impl PollClock {
     fn new() -> Self {
         PollClock {
-            origin: crate::clock::now(),
+            origin: crate::clock::now_ns(),
             now: PInstant::ZERO,
             idle: 0,
             busy: true,
@@ -135,11 +136,7 @@ impl PollClock {
 
     /// Reads the clock now.
     fn read(&mut self) -> PInstant {
-        self.now = PInstant::from_nanos(
-            crate::clock::now()
-                .saturating_duration_since(self.origin)
-                .as_nanos() as u64,
-        );
+        self.now = PInstant::from_nanos(crate::clock::now_ns().saturating_sub(self.origin));
         self.idle = 0;
         self.busy = false;
         self.now

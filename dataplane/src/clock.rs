@@ -186,8 +186,14 @@ impl Rate {
 
     /// The time `ticks` ticks take, saturating (never overflows).
     fn duration(self, ticks: u64) -> Duration {
+        Duration::from_nanos(self.nanos(ticks))
+    }
+
+    /// [`Rate::duration`] in nanoseconds.
+    #[inline]
+    fn nanos(self, ticks: u64) -> u64 {
         let ns = (u128::from(ticks) * u128::from(self.mult)) >> FRAC_BITS;
-        Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+        u64::try_from(ns).unwrap_or(u64::MAX)
     }
 
     /// The ticks `d` takes, saturating.
@@ -324,42 +330,60 @@ struct ThreadClock {
     tsc: u64,
     aux: u32,
     at: Instant,
+    /// `at` in nanoseconds since `epoch`.
+    at_ns: u64,
+    /// What the times are counted from ([`now_ns`]).
+    epoch: Instant,
     /// The first anchor of the baseline the rate is refined over.
     base_tsc: u64,
     base_at: Instant,
-    /// The latest time returned (never return an earlier one).
-    last: Instant,
+    /// The latest time returned, in nanoseconds since `epoch` (never
+    /// return an earlier one).
+    last_ns: u64,
 }
 
 impl ThreadClock {
-    fn new<S: Source>(rate: Rate, period: Duration, s: &mut S) -> ThreadClock {
+    /// A clock counting from `epoch` (no later than its first anchor).
+    fn new<S: Source>(rate: Rate, period: Duration, epoch: Instant, s: &mut S) -> ThreadClock {
         let (tsc, aux, at) = anchor(s);
+        let at_ns = since(epoch, at);
         ThreadClock {
             rate,
             period: rate.ticks(period),
             tsc,
             aux,
             at,
+            at_ns,
+            epoch,
             base_tsc: tsc,
             base_at: at,
-            last: at,
+            last_ns: at_ns,
         }
     }
 
+    /// Nanoseconds since `epoch`: between anchors integer arithmetic on
+    /// the TSC alone (no `Instant` or `Duration` on the way).
     #[inline]
-    fn now<S: Source>(&mut self, s: &mut S) -> Instant {
+    fn now_ns<S: Source>(&mut self, s: &mut S) -> u64 {
         let (tsc, aux) = s.tsc();
         // Wrapping: a TSC behind the anchor reads as far ahead.
         let ticks = tsc.wrapping_sub(self.tsc);
         let t = if aux == self.aux && ticks < self.period {
-            self.at + self.rate.duration(ticks)
+            self.at_ns.saturating_add(self.rate.nanos(ticks))
         } else {
-            self.reanchor(s)
+            self.reanchor(s);
+            self.at_ns
         };
-        if t > self.last {
-            self.last = t;
+        if t > self.last_ns {
+            self.last_ns = t;
         }
-        self.last
+        self.last_ns
+    }
+
+    /// [`ThreadClock::now_ns`] as an `Instant` (the tests' view).
+    #[cfg(test)]
+    fn now<S: Source>(&mut self, s: &mut S) -> Instant {
+        self.epoch + Duration::from_nanos(self.now_ns(s))
     }
 
     #[cold]
@@ -401,8 +425,15 @@ impl ThreadClock {
         }
         self.tsc = tsc;
         self.at = at;
+        self.at_ns = since(self.epoch, at);
         at
     }
+}
+
+/// Nanoseconds from `epoch` to `t` (0 if `t` is earlier).
+#[inline]
+fn since(epoch: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The process's choice, made once.
@@ -410,6 +441,8 @@ impl ThreadClock {
 struct Global {
     mode: Mode,
     rate: Option<Rate>,
+    /// What [`now_ns`] counts from: taken before any thread's anchor.
+    epoch: Instant,
     reason: String,
     cost_ns: u64,
 }
@@ -417,6 +450,7 @@ struct Global {
 fn global() -> &'static Global {
     static GLOBAL: OnceLock<Global> = OnceLock::new();
     GLOBAL.get_or_init(|| {
+        let epoch = Instant::now();
         let var = std::env::var(CLOCK_ENV).ok();
         let (req, warning) = match parse_request(var.as_deref()) {
             Ok(r) => (r, None),
@@ -442,6 +476,7 @@ fn global() -> &'static Global {
         Global {
             mode,
             rate,
+            epoch,
             reason,
             cost_ns,
         }
@@ -467,14 +502,40 @@ pub fn now() -> Instant {
 }
 
 fn tsc_now(rate: Rate) -> Instant {
+    let epoch = global().epoch;
+    epoch + Duration::from_nanos(tsc_now_ns(rate, epoch))
+}
+
+/// [`now`] as nanoseconds since a fixed instant of this process (the same
+/// for every thread; [`ns_since_epoch`] converts an `Instant` to it). For
+/// a loop that keeps its time as a number: where [`now`] runs on the TSC
+/// this is integer arithmetic between anchors, without the `Instant` and
+/// `Duration` conversions (a few dozen instructions a read, several reads
+/// a round trip). Never earlier than a previous result on the same thread.
+#[inline]
+pub fn now_ns() -> u64 {
+    let g = global();
+    match g.rate {
+        None => since(g.epoch, Instant::now()),
+        Some(rate) => tsc_now_ns(rate, g.epoch),
+    }
+}
+
+/// `t` in the count of [`now_ns`] (0 for an instant before it began).
+pub fn ns_since_epoch(t: Instant) -> u64 {
+    since(global().epoch, t)
+}
+
+#[inline]
+fn tsc_now_ns(rate: Rate, epoch: Instant) -> u64 {
     THREAD
         .try_with(|t| {
             let mut t = t.borrow_mut();
-            let c = t.get_or_insert_with(|| ThreadClock::new(rate, REANCHOR, &mut Hw));
-            c.now(&mut Hw)
+            let c = t.get_or_insert_with(|| ThreadClock::new(rate, REANCHOR, epoch, &mut Hw));
+            c.now_ns(&mut Hw)
         })
         // The thread is exiting: its clock is gone.
-        .unwrap_or_else(|_| Instant::now())
+        .unwrap_or_else(|_| since(epoch, Instant::now()))
 }
 
 /// The mode [`now`] uses in this process (chosen, and calibrated, on the
@@ -622,7 +683,7 @@ mod tests {
     fn reads_between_anchors_read_no_clock_and_anchors_come_with_the_period_and_a_cpu_change() {
         // Near the top of the counter: the anchor is crossed by a wrap.
         let (mut f, rate) = fake(u64::MAX - 100);
-        let mut c = ThreadClock::new(rate, REANCHOR, &mut f);
+        let mut c = ThreadClock::new(rate, REANCHOR, f.mono, &mut f);
         let t0 = f.mono;
         let anchor_reads = f.monos;
         assert!(anchor_reads >= 1);
@@ -652,7 +713,7 @@ mod tests {
     #[test]
     fn an_anchor_behind_the_time_already_returned_holds_the_time_instead_of_going_back() {
         let (mut f, rate) = fake(1_000);
-        let mut c = ThreadClock::new(rate, REANCHOR, &mut f);
+        let mut c = ThreadClock::new(rate, REANCHOR, f.mono, &mut f);
         let t0 = f.mono;
         f.tsc += 40 * MS;
         let high = c.now(&mut f);
@@ -671,7 +732,7 @@ mod tests {
     fn a_thread_refines_a_slightly_wrong_rate_from_its_anchors_but_ignores_a_jump() {
         // Calibrated at 1 ns per tick; really 1.005 ns per tick.
         let (mut f, rate) = fake(0);
-        let mut c = ThreadClock::new(rate, REANCHOR, &mut f);
+        let mut c = ThreadClock::new(rate, REANCHOR, f.mono, &mut f);
         let mut real = f.mono;
         for _ in 0..24 {
             f.tsc += 50 * MS; // a period, by the calibrated rate
@@ -711,7 +772,7 @@ mod tests {
         }
         let rate = calibrate(&mut Hw, CALIBRATION_WINDOW).expect("the TSC calibrates");
         // No periodic anchor: all error over the sleep is the rate's.
-        let mut c = ThreadClock::new(rate, Duration::from_secs(60), &mut Hw);
+        let mut c = ThreadClock::new(rate, Duration::from_secs(60), Instant::now(), &mut Hw);
         let mut prev = c.now(&mut Hw);
         for _ in 0..100_000 {
             let t = c.now(&mut Hw);

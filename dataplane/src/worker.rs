@@ -390,12 +390,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         // (no further Duration arithmetic on the hot loop); the clock
         // (crate::clock::now: the TSC where clock_gettime is a system call)
         // is read only as CLOCK_IDLE_ITERATIONS says.
-        let origin = self.origin;
-        let nanos = move || {
-            crate::clock::now()
-                .saturating_duration_since(origin)
-                .as_nanos() as u64
-        };
+        let origin = crate::clock::ns_since_epoch(self.origin);
+        let nanos = move || crate::clock::now_ns().saturating_sub(origin);
         let timer_scan = Duration::from_millis(1).as_nanos() as u64;
         let idle_park = self.cfg.idle_park.as_nanos() as u64;
         let mut last_work = nanos();
