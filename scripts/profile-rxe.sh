@@ -17,10 +17,10 @@
 #   - `smbdirectd bench --provider verbs --loopback --workload send` (client
 #     and server worker in one process, as in bench.sh's row), and
 #   - ib_send_lat's server and client (two processes),
-# each at two iteration counts (200 and 600). Start-up, connection set-up
-# and tear-down cost the same in both runs of a program, so the difference
-# divided by 400 is what one round trip costs, every thread and both ends
-# together. Busy polls that find nothing are counted too, and how many
+# each at two iteration counts (ours 300 and 1500, perftest 1000 and 3000).
+# Start-up, connection set-up and tear-down cost about the same in every
+# run of a program, so what grows with the count is what one round trip
+# costs, every thread and both ends together. Busy polls that find nothing are counted too, and how many
 # there are depends on how valgrind and the guest schedule the threads:
 # a run where a poller spun while the thread it waited for was held up
 # counts thousands more per round trip. Each run is repeated (--reps,
@@ -56,8 +56,12 @@ while [ $# -gt 0 ]; do
 	*) echo "profile-rxe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 done
-n1=200
-n2=600
+n1=300
+n2=1500
+# perftest's loop is cheap and its set-up costs the same instructions as a
+# few thousand round trips: more round trips, or its fit drowns in that.
+m1=1000
+m2=3000
 if [ -n "$from" ]; then
 	p=$from
 	bin="(profiles of $from)"
@@ -87,6 +91,8 @@ else
 			$bin bench --provider verbs --listen \$RXE_IP:0 --loopback --workload send \\
 			--size $size --iterations \$n --warmup 0 --quiet >\$out/ours.log 2>&1 ||
 			{ echo "ours, \$n iterations, failed:" >&2; tail -20 \$out/ours.log >&2; exit 1; }
+	done
+	for n in $m1 $m2; do
 		port=\$((18515 + RANDOM % 1000))
 		valgrind --tool=callgrind --callgrind-out-file=\$out/pts-\$n.\$r \\
 			ib_send_lat -d \$RXE_DEV -x \$RXE_GID_INDEX -s $size -n \$n -p \$port >\$out/pts.log 2>&1 &
@@ -102,7 +108,7 @@ else
 	tar czf - -C \$out . | base64 -w0
 	EOF
 	chmod +x "$work/guest.sh"
-	echo "profile-rxe.sh: $size B send, callgrind in the rxe guest ($n1 and $n2 round trips each)..." >&2
+	echo "profile-rxe.sh: $size B send, callgrind in the rxe guest ($n1 and $n2 round trips of ours, $m1 and $m2 of perftest, $reps times each)..." >&2
 	flock /tmp/rxe-vm.lock "$RXEVM" --timeout 1200 -- "$work/guest.sh" >"$work/b64" 2>"$work/guest.err" || {
 		echo "profile-rxe.sh: the guest run failed:" >&2
 		tail -30 "$work/guest.err" >&2
@@ -179,7 +185,8 @@ least() {
 	done
 	echo "$best"
 }
-per_rt() { awk -v a="$1" -v b="$2" -v n=$((n2 - n1)) 'BEGIN { printf "%.0f", (b - a) / n }'; }
+# per_rt A B [ROUND TRIPS]: (B - A) / ROUND TRIPS (default: ours' n2 - n1).
+per_rt() { awk -v a="$1" -v b="$2" -v n="${3:-$((n2 - n1))}" 'BEGIN { printf "%.0f", (b - a) / n }'; }
 
 # Ours: four completions a round trip (each end's receive and Send).
 # perftest: one per end (its receive; ib_send_lat signals a Send only every
@@ -192,11 +199,19 @@ if [ "$ours" = - ] || [ "$ptc" = - ] || [ "$pts" = - ]; then
 	exit 1
 fi
 o1=$(least "$p/ours-$n1".*) o2=$(least "$p/ours-$n2".*)
-s1=$(least "$p/pts-$n1".*) s2=$(least "$p/pts-$n2".*)
-c1=$(least "$p/ptc-$n1".*) c2=$(least "$p/ptc-$n2".*)
+s1=$(least "$p/pts-$m1".*) s2=$(least "$p/pts-$m2".*)
+c1=$(least "$p/ptc-$m1".*) c2=$(least "$p/ptc-$m2".*)
 sort_re='msort|qsort'
-pt_sort=$(($(per_rt "$(total "$s1" "$sort_re")" "$(total "$s2" "$sort_re")") + $(per_rt "$(total "$c1" "$sort_re")" "$(total "$c2" "$sort_re")")))
+pt_sort=$(($(per_rt "$(total "$s1" "$sort_re")" "$(total "$s2" "$sort_re")" $((m2 - m1))) + $(per_rt "$(total "$c1" "$sort_re")" "$(total "$c2" "$sort_re")" $((m2 - m1)))))
 pt=$((ptc + pts - pt_sort))
+# The same estimate from each repeat's own pair of runs, with the fitted
+# cost of a poll: how far one repeat can be off (set-up spins differ).
+spread=$(for r in $(seq "$reps"); do
+	a="$p/ours-$n1.$r" b="$p/ours-$n2.$r"
+	[ -e "$a" ] && [ -e "$b" ] || continue
+	awk -v t1="$(total "$a")" -v t2="$(total "$b")" -v q1="$(calls "$a" "$POLL_FN")" -v q2="$(calls "$b" "$POLL_FN")" \
+		-v e="$ours_e" -v n=$((n2 - n1)) 'BEGIN { printf "%.0f\n", (t2 - t1 - e * (q2 - q1)) / n + 4 * e }'
+done | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR) printf "%s-%s", lo, hi }')
 echo
 echo "## User-space instructions per $size B send round trip (rxe guest, callgrind; $bin)"
 echo
@@ -206,6 +221,8 @@ echo "| smbdirectd bench --workload send (client and server) | $ours | $ours_e |
 echo "| ib_send_lat (server and client), its sample sort left out | $pt | $pts_e (server), $ptc_e (client) |"
 echo "| ib_send_lat's sample sort (left out above) | $pt_sort | |"
 echo "| ratio | $(awk -v a="$ours" -v b="$pt" 'BEGIN { printf "%.2f", a / b }') | |"
+echo
+echo "Ours, each repeat's pair of runs alone: $spread instructions per round trip."
 echo
 echo "Ours, the $top costliest functions per round trip (exclusive; from the two runs that polled least, so their polling is in it):"
 echo
