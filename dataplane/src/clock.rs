@@ -25,8 +25,10 @@
 //! than it returned before on that thread. The tick rate is calibrated
 //! against `CLOCK_MONOTONIC` at start-up and refined by each thread over
 //! its anchors on one CPU, so the error between anchors is the rate's
-//! error times at most 50 ms. Results are `Instant`s (an anchor plus a
-//! `Duration`), comparable with `Instant::now()` within that error.
+//! error times at most 50 ms. Each thread counts nanoseconds since a
+//! process-wide epoch (an anchor's count plus scaled ticks: integers
+//! between anchors); [`now_ns`] returns that count, [`now`] the epoch plus
+//! it as an `Instant`, comparable with `Instant::now()` within that error.
 //!
 //! `SMBDIRECTD_CLOCK=os|tsc|auto` forces a mode (default `auto`); the
 //! mode and why it was chosen are in [`describe`], logged by `serve` and
@@ -495,19 +497,15 @@ thread_local! {
 /// (see [`tsc_stats`]).
 #[inline]
 pub fn now() -> Instant {
-    match global().rate {
+    let g = global();
+    match g.rate {
         None => Instant::now(),
-        Some(rate) => tsc_now(rate),
+        Some(rate) => g.epoch + Duration::from_nanos(tsc_now_ns(rate, g.epoch)),
     }
 }
 
-fn tsc_now(rate: Rate) -> Instant {
-    let epoch = global().epoch;
-    epoch + Duration::from_nanos(tsc_now_ns(rate, epoch))
-}
-
 /// [`now`] as nanoseconds since a fixed instant of this process (the same
-/// for every thread; [`ns_since_epoch`] converts an `Instant` to it). For
+/// for every thread). For
 /// a loop that keeps its time as a number: where [`now`] runs on the TSC
 /// this is integer arithmetic between anchors, without the `Instant` and
 /// `Duration` conversions (a few dozen instructions a read, several reads
@@ -519,11 +517,6 @@ pub fn now_ns() -> u64 {
         None => since(g.epoch, Instant::now()),
         Some(rate) => tsc_now_ns(rate, g.epoch),
     }
-}
-
-/// `t` in the count of [`now_ns`] (0 for an instant before it began).
-pub fn ns_since_epoch(t: Instant) -> u64 {
-    since(global().epoch, t)
 }
 
 #[inline]

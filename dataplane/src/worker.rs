@@ -193,7 +193,8 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// Wakes and events the upper layer produced in its last poll.
     upper_wakes: VecDeque<(ConnId, u64)>,
     upper_events: VecDeque<crate::planes::UpperEvent>,
-    origin: Instant,
+    /// Its start, in [`crate::clock::now_ns`]'s count.
+    origin: u64,
     shutdown_at: Option<Instant>,
     pending_out: VecDeque<FromWorker>,
     /// Completions of queue pairs whose Attach has not been drained from the
@@ -282,7 +283,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             loans,
             stats,
             slots,
-            origin: crate::clock::now(),
+            origin: crate::clock::now_ns(),
             loop_now: PInstant::ZERO,
             shutdown_at: None,
             bell: None,
@@ -390,7 +391,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         // (no further Duration arithmetic on the hot loop); the clock
         // (crate::clock::now: the TSC where clock_gettime is a system call)
         // is read only as CLOCK_IDLE_ITERATIONS says.
-        let origin = crate::clock::ns_since_epoch(self.origin);
+        let origin = self.origin;
         let nanos = move || crate::clock::now_ns().saturating_sub(origin);
         let timer_scan = Duration::from_millis(1).as_nanos() as u64;
         let idle_park = self.cfg.idle_park.as_nanos() as u64;
