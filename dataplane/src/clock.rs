@@ -505,11 +505,11 @@ pub fn now() -> Instant {
 }
 
 /// [`now`] as nanoseconds since a fixed instant of this process (the same
-/// for every thread). For
-/// a loop that keeps its time as a number: where [`now`] runs on the TSC
-/// this is integer arithmetic between anchors, without the `Instant` and
-/// `Duration` conversions (a few dozen instructions a read, several reads
-/// a round trip). Never earlier than a previous result on the same thread.
+/// for every thread). For a loop that keeps its time as a number: where
+/// [`now`] runs on the TSC this is integer arithmetic between anchors,
+/// without the `Instant` and `Duration` conversions (a few dozen
+/// instructions a read, several reads a round trip). Never earlier than a
+/// previous result on the same thread.
 #[inline]
 pub fn now_ns() -> u64 {
     let g = global();
