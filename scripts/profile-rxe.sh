@@ -34,7 +34,7 @@
 # Prints the two per-round-trip figures, their ratio, and the functions of
 # ours that cost the most per round trip (exclusive instructions).
 # Needs valgrind on the host (`apt-get install -y valgrind`; the guest runs
-# the host's binaries) and the rxe-vm rig. Takes about 4 minutes at --reps 3.
+# the host's binaries) and the rxe-vm rig. Takes about 8 minutes at --reps 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,7 +52,7 @@ while [ $# -gt 0 ]; do
 	--reps) reps=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
 	--from) from=$2; shift 2 ;;
-	-h | --help) sed -n '2,38p' "$0"; exit 0 ;;
+	-h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
 	*) echo "profile-rxe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -191,7 +191,8 @@ per_rt() { awk -v a="$1" -v b="$2" -v n="${3:-$((n2 - n1))}" 'BEGIN { printf "%.
 # Ours: four completions a round trip (each end's receive and Send).
 # perftest: one per end (its receive; ib_send_lat signals a Send only every
 # so many).
-read -r ours ours_e < <(fit ours 4)
+ours_k=4
+read -r ours ours_e < <(fit ours "$ours_k")
 read -r ptc ptc_e < <(fit ptc 1)
 read -r pts pts_e < <(fit pts 1)
 if [ "$ours" = - ] || [ "$ptc" = - ] || [ "$pts" = - ]; then
@@ -210,7 +211,7 @@ spread=$(for r in $(seq "$reps"); do
 	a="$p/ours-$n1.$r" b="$p/ours-$n2.$r"
 	[ -e "$a" ] && [ -e "$b" ] || continue
 	awk -v t1="$(total "$a")" -v t2="$(total "$b")" -v q1="$(calls "$a" "$POLL_FN")" -v q2="$(calls "$b" "$POLL_FN")" \
-		-v e="$ours_e" -v n=$((n2 - n1)) 'BEGIN { printf "%.0f\n", (t2 - t1 - e * (q2 - q1)) / n + 4 * e }'
+		-v e="$ours_e" -v k="$ours_k" -v n=$((n2 - n1)) 'BEGIN { printf "%.0f\n", (t2 - t1 - e * (q2 - q1)) / n + k * e }'
 done | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR) printf "%s-%s", lo, hi }')
 echo
 echo "## User-space instructions per $size B send round trip (rxe guest, callgrind; $bin)"
