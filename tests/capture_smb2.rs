@@ -169,6 +169,9 @@ impl<Q: QueuePair> QueuePair for RecordingQp<Q> {
     fn disconnect(&mut self) {
         self.inner.disconnect()
     }
+    fn drain_send_queue(&mut self, wr_id: u64) -> Result<(), ProviderError> {
+        self.inner.drain_send_queue(wr_id)
+    }
 }
 
 impl<P: Provider> Provider for Recording<P> {

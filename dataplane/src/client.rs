@@ -549,6 +549,8 @@ impl<P: Provider> Client<P> {
         let deadline = crate::clock::now() + timeout;
         while self.ep.outstanding() > 0 && crate::clock::now() < deadline {
             let _ = self.step(&mut |_, _| {});
+            // Retries a drain marker the send queue had no room for.
+            self.ep.release_rdma(&mut self.alloc);
         }
     }
 }

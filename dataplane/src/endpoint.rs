@@ -64,6 +64,84 @@ const RELEASE_NONE: u64 = u64::MAX;
 /// endpoint is made: [`Endpoint::new`]).
 const SEND_IN_PLACE: u64 = 1 << 31;
 
+/// Most Sends one endpoint keeps in flight (the capacity of its
+/// [`SendRing`]; a larger send depth is clamped to it).
+pub const SEND_RING: u32 = 1024;
+/// A whole message posted at once goes out signaled one time in this many
+/// (fewer on a shallow send queue: a quarter of its depth); the Sends
+/// between are retired by the next signaled one ([`Endpoint::post_now`]).
+pub const SIGNAL_EVERY: u32 = 8;
+/// The work-request id of the drain marker ([`QueuePair::drain_send_queue`]):
+/// every id bit set, which no buffer has (its slice number would be 63,
+/// its class 255).
+const DRAIN_WR_ID: u64 = (KIND_SEND << KIND_SHIFT) | ID_MASK;
+
+/// Every Send an endpoint has on its queue pair and not yet retired, in
+/// posting order. A reliable-connected send queue completes in order, so a
+/// Send's completion (a signaled one's, a failed one's, the drain
+/// marker's) retires it and every Send posted before it: the unsignaled
+/// ones that succeeded silently ([MS-SMBD] 3.1.5.1 leaves signaling to the
+/// implementation; hardware and Soft-RoCE retire unsignaled requests this
+/// way).
+#[derive(Debug)]
+struct SendRing {
+    ids: Box<[u64]>,
+    /// Pushed so far (wrapping).
+    head: u32,
+    /// Retired so far (wrapping).
+    tail: u32,
+}
+
+impl SendRing {
+    fn new(capacity: u32) -> Self {
+        SendRing {
+            ids: vec![0; capacity.next_power_of_two() as usize].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    fn len(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    fn mask(&self) -> u32 {
+        self.ids.len() as u32 - 1
+    }
+
+    /// Records a posted Send. Never full: Sends in flight are bounded by
+    /// the send depth, which is clamped to [`SEND_RING`].
+    fn push(&mut self, id: u64) {
+        debug_assert!((self.len() as usize) < self.ids.len(), "send ring full");
+        let i = (self.head & self.mask()) as usize;
+        self.ids[i] = id;
+        self.head = self.head.wrapping_add(1);
+    }
+
+    /// The oldest Send not yet retired.
+    fn pop_front(&mut self) -> Option<u64> {
+        if self.len() == 0 {
+            return None;
+        }
+        let id = self.ids[(self.tail & self.mask()) as usize];
+        self.tail = self.tail.wrapping_add(1);
+        Some(id)
+    }
+
+    /// The newest Send not yet retired.
+    fn pop_back(&mut self) -> Option<u64> {
+        if self.len() == 0 {
+            return None;
+        }
+        self.head = self.head.wrapping_sub(1);
+        Some(self.ids[(self.head & self.mask()) as usize])
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        (0..self.len()).any(|k| self.ids[(self.tail.wrapping_add(k) & self.mask()) as usize] == id)
+    }
+}
+
 /// RDMA operations a connection may have requested and not yet finished
 /// (the default size of its [`RdmaOps`] table).
 pub const RDMA_OPS_PER_CONNECTION: usize = 32;
@@ -1152,8 +1230,21 @@ pub struct Endpoint<Q: QueuePair> {
     mr: MemoryRegion,
     /// Receives currently posted (returned by flush completions on teardown).
     recv_posted: u16,
-    /// Sends in flight (their buffers return on completion).
-    sends_in_flight: u32,
+    /// Sends in flight, in posting order (their buffers return when they
+    /// are retired).
+    sends: SendRing,
+    /// The ring position just past the latest signaled Send (or drain
+    /// marker): the Sends after it are unsignaled, retired by a later one.
+    signaled_end: u32,
+    /// One whole message posted at once in this many is signaled.
+    signal_every: u32,
+    /// Receive shortfalls and send-buffer stalls when the latest Send was
+    /// posted: pool pressure since then makes the next one signaled, so
+    /// the buffers unsignaled Sends hold come back.
+    pressure_seen: u64,
+    /// The drain marker is on the queue pair (teardown with unsignaled
+    /// Sends at the tail, [`Endpoint::drain_sends`]).
+    draining: bool,
     /// The send buffer of the latest segment posted of a message whose
     /// last segment is not posted yet, until that Send completes: if the
     /// connection ends before the last segment goes, the message buffer is
@@ -1183,12 +1274,17 @@ impl<Q: QueuePair> Endpoint<Q> {
             conn,
             mr,
             recv_posted: 0,
-            sends_in_flight: 0,
+            // One more than the deepest send queue: the drain marker.
+            sends: SendRing::new(SEND_RING + 1),
+            signaled_end: 0,
+            signal_every: SIGNAL_EVERY,
+            pressure_seen: 0,
+            draining: false,
             partial: None,
             stats: EndpointStats::default(),
             failed: None,
             defer_negotiation: false,
-            send_depth: u32::MAX,
+            send_depth: SEND_RING,
             capture: None,
             rdma: None,
             chain: Box::new(Chain::new()),
@@ -1234,10 +1330,21 @@ impl<Q: QueuePair> Endpoint<Q> {
         self.capture = Some((handle, conn));
     }
 
-    /// Most sends in flight at once (the queue pair's send depth); a peer
-    /// granting more credits than that cannot overrun the send queue.
+    /// Most sends in flight at once (the queue pair's send depth, at most
+    /// [`SEND_RING`]); a peer granting more credits than that cannot overrun
+    /// the send queue. Also sets how often a Send is signaled: one in
+    /// [`SIGNAL_EVERY`], or in a quarter of a shallower depth (so
+    /// unsignaled Sends never fill the queue, and the drain marker always
+    /// finds room behind them).
     pub fn set_send_depth(&mut self, depth: u32) {
-        self.send_depth = depth.max(1);
+        self.send_depth = depth.clamp(1, SEND_RING);
+        self.signal_every = SIGNAL_EVERY.min(self.send_depth / 4).max(1);
+    }
+
+    /// Signals one whole-message Send in `n` (1: every Send; at most what
+    /// the send depth allows, [`Endpoint::set_send_depth`]).
+    pub fn set_signal_every(&mut self, n: u32) {
+        self.signal_every = n.clamp(1, SIGNAL_EVERY.min(self.send_depth / 4).max(1));
     }
 
     /// Passive side: hand the Negotiate Request to the owner as
@@ -1290,16 +1397,128 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// completions are outstanding: zero once the provider has returned
     /// everything, so every buffer (RDMA data buffers included) can go back
     /// to the pool. Every RDMA chain ends in a signaled request, and a
-    /// broken queue pair flushes it, so RDMA work always comes back.
+    /// broken queue pair flushes it, so RDMA work always comes back;
+    /// unsignaled Sends at the queue's tail come back behind the drain
+    /// marker ([`Endpoint::drain_sends`]).
     pub fn outstanding(&self) -> u64 {
         self.recv_posted as u64
-            + self.sends_in_flight as u64
+            + self.sends.len() as u64
             + self.rdma.as_ref().map_or(0, |r| r.wrs_in_flight as u64)
+    }
+
+    /// [`Endpoint::outstanding`] less the unsignaled Sends at the send
+    /// queue's tail, which produce no completion of their own: the work
+    /// whose completions will come without a drain marker. Zero on a broken
+    /// queue pair means nothing will tell the endpoint it broke.
+    pub fn completions_due(&self) -> u64 {
+        self.outstanding() - u64::from(self.silent_sends())
+    }
+
+    /// Unsignaled Sends after the latest signaled one (or drain marker),
+    /// not yet retired.
+    fn silent_sends(&self) -> u32 {
+        self.sends
+            .head
+            .wrapping_sub(self.signaled_end)
+            .min(self.sends.len())
     }
 
     /// Send-queue slots in use (sends and RDMA work requests).
     fn sq_used(&self) -> u32 {
-        self.sends_in_flight + self.rdma.as_ref().map_or(0, |r| r.wrs_in_flight)
+        self.sends.len() + self.rdma.as_ref().map_or(0, |r| r.wrs_in_flight)
+    }
+
+    /// Records a Send just posted, and whether it was signaled.
+    #[inline]
+    fn sent(&mut self, id: u64, signaled: bool) {
+        self.sends.push(id);
+        if signaled {
+            self.signaled_end = self.sends.head;
+        }
+        self.stats.sends_posted += 1;
+    }
+
+    /// Retires the Send whose completion this is and every Send posted
+    /// before it (the send queue completes in order: those before it are
+    /// done, the unsignaled ones silently), returning their buffers.
+    fn retire_sends_through(&mut self, wr_id: u64, alloc: &mut SliceAllocator) {
+        // Every Send the endpoint posts is in the ring; a completion of one
+        // that is not would retire Sends still in flight.
+        debug_assert!(self.sends.contains(wr_id), "completion of an unknown Send");
+        if !self.sends.contains(wr_id) {
+            return;
+        }
+        while let Some(id) = self.sends.pop_front() {
+            self.retire_send(id, alloc);
+            if id == wr_id {
+                break;
+            }
+        }
+    }
+
+    /// Gives back what one finished Send held: a message sent in place
+    /// frees its buffer; a header Send frees its send buffer and the
+    /// message its release stash names (the last segment's).
+    fn retire_send(&mut self, id: u64, alloc: &mut SliceAllocator) {
+        if id == DRAIN_WR_ID {
+            return;
+        }
+        if self.in_place_sends && id & SEND_IN_PLACE != 0 {
+            // A whole message sent in place: the buffer is the message's,
+            // done with once its Send is.
+            let _ = alloc.free(BufId::from_bits(id & ID_MASK & !SEND_IN_PLACE));
+            return;
+        }
+        let buf = BufId::from_bits(id & ID_MASK);
+        if self.partial == Some(buf) {
+            self.partial = None;
+        }
+        // SAFETY: the Send is done with the buffer, which is ours until
+        // freed below.
+        let release = unsafe { self.pool.bytes(buf) }
+            .and_then(|b| b.get(RELEASE_STASH..RELEASE_STASH + 8))
+            .map_or(RELEASE_NONE, |b| {
+                u64::from_le_bytes(b.try_into().expect("8 bytes"))
+            });
+        if release != RELEASE_NONE {
+            let _ = alloc.free(BufId::from_bits(release));
+        }
+        let _ = alloc.free(buf);
+    }
+
+    /// On a connection out of service with unsignaled Sends at its send
+    /// queue's tail: posts the drain marker behind them, whose (flushed)
+    /// completion retires them ([`QueuePair::drain_send_queue`]). Called
+    /// by [`Endpoint::release_rdma`], so a closing connection's owner,
+    /// calling it until [`Endpoint::outstanding`] is zero, retries a marker
+    /// the queue had no room for yet. A provider that refuses the marker
+    /// on a queue pair out of service leaves nothing to wait for: those
+    /// Sends are retired at once, with a log line.
+    fn drain_sends(&mut self, alloc: &mut SliceAllocator) {
+        if self.draining || self.failed.is_none() || self.silent_sends() == 0 {
+            return;
+        }
+        match self.qp.drain_send_queue(DRAIN_WR_ID) {
+            Ok(()) => {
+                self.draining = true;
+                self.sends.push(DRAIN_WR_ID);
+                self.signaled_end = self.sends.head;
+            }
+            Err(ProviderError::QueueFull) => {}
+            Err(e) => {
+                let n = self.silent_sends();
+                eprintln!(
+                    "smbdirectd: queue pair {}: drain marker refused ({e}); retiring the closed connection's {n} unsignaled Sends without it",
+                    self.qp.id().0,
+                );
+                self.draining = true;
+                for _ in 0..n {
+                    if let Some(id) = self.sends.pop_back() {
+                        self.retire_send(id, alloc);
+                    }
+                }
+            }
+        }
     }
 
     /// Accounts for `n` receives posted on the queue pair by someone else
@@ -1343,33 +1562,11 @@ impl<Q: QueuePair> Endpoint<Q> {
     ) -> Result<Option<Event>, EndpointError> {
         let buf = BufId::from_bits(wc.wr_id & ID_MASK);
         match wc.wr_id >> KIND_SHIFT {
-            KIND_SEND if self.in_place_sends && wc.wr_id & SEND_IN_PLACE != 0 => {
-                // A whole message sent in place: the buffer is the
-                // message's, done with once its Send is.
-                self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
-                let _ = alloc.free(BufId::from_bits(wc.wr_id & ID_MASK & !SEND_IN_PLACE));
-                if wc.status != WcStatus::Success {
-                    return Err(self.fail(EndpointError::Provider(wc.status)));
-                }
-                Ok(None)
-            }
             KIND_SEND => {
-                self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
-                if self.partial == Some(buf) {
-                    self.partial = None;
-                }
-                // SAFETY: the Send is done with the buffer, which is ours
-                // until freed below.
-                let release = unsafe { self.pool.bytes(buf) }
-                    .and_then(|b| b.get(RELEASE_STASH..RELEASE_STASH + 8))
-                    .map_or(RELEASE_NONE, |b| {
-                        u64::from_le_bytes(b.try_into().expect("8 bytes"))
-                    });
-                if release != RELEASE_NONE {
-                    let _ = alloc.free(BufId::from_bits(release));
-                }
-                let _ = alloc.free(buf);
-                if wc.status != WcStatus::Success {
+                self.retire_sends_through(wc.wr_id, alloc);
+                // The drain marker completes flushed: the queue pair was
+                // already out of service, for the reason recorded then.
+                if wc.status != WcStatus::Success && wc.wr_id != DRAIN_WR_ID {
                     return Err(self.fail(EndpointError::Provider(wc.status)));
                 }
                 Ok(None)
@@ -1591,7 +1788,8 @@ impl<Q: QueuePair> Endpoint<Q> {
             rdma,
             recv_posted,
             stats,
-            sends_in_flight,
+            sends,
+            signaled_end,
             ..
         } = self;
         let (pool, mr, c) = (&*pool, *mr, &mut **chain);
@@ -1746,8 +1944,9 @@ impl<Q: QueuePair> Endpoint<Q> {
                     break;
                 }
             }
-            if reply.is_some() {
-                *sends_in_flight += 1;
+            if let Some(w) = &reply_wr {
+                sends.push(w.wr_id);
+                *signaled_end = sends.head;
                 stats.sends_posted += 1;
                 r.stats.replies_chained += 1;
             }
@@ -1802,12 +2001,15 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
     }
 
-    /// Frees the buffers of RDMA operations with nothing in flight; on a
-    /// closing connection, call until [`Endpoint::outstanding`] is zero.
+    /// Frees the buffers of RDMA operations with nothing in flight and, on
+    /// a connection out of service, drains its unsignaled Sends
+    /// ([`Endpoint::drain_sends`]); on a closing connection, call until
+    /// [`Endpoint::outstanding`] is zero.
     pub fn release_rdma(&mut self, alloc: &mut SliceAllocator) {
         if let Some(r) = self.rdma.as_mut() {
             r.release_idle(alloc);
         }
+        self.drain_sends(alloc);
     }
 
     /// The bytes of a delivered message.
@@ -1983,6 +2185,17 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Posts a Send of whole message `msg` (`send_now`, `flush_in_place`).
     /// On a provider failure frees its buffers (`sbuf`, if any, and `msg`),
     /// fails the endpoint as `flush` does and returns false.
+    ///
+    /// Selective signaling: one such Send in `signal_every` asks for a
+    /// completion, and its completion retires the unsignaled ones before it
+    /// ([`SendRing`]), as perftest and the kernel's NVMe-oF target do; a
+    /// round trip then polls one completion per side fewer. Any sign of
+    /// pool pressure since the previous Send (a receive not reposted, a
+    /// send buffer not found) makes this one signaled, so the buffers the
+    /// unsignaled ones still hold come home. A connection that goes quiet
+    /// keeps at most `signal_every - 1` of them until its next Send, or
+    /// its close ([`Endpoint::drain_sends`]). Segments, control messages
+    /// and replies chained behind a Write stay signaled.
     #[inline]
     fn post_now(
         &mut self,
@@ -1993,10 +2206,14 @@ impl<Q: QueuePair> Endpoint<Q> {
         sbuf: Option<BufId>,
         msg: BufId,
     ) -> bool {
+        let pressure = self.stats.receive_shortfalls + self.stats.pool_stalls;
+        let signaled =
+            self.silent_sends() + 1 >= self.signal_every || pressure != self.pressure_seen;
+        self.pressure_seen = pressure;
         let wr = [SendWr {
             wr_id: id,
             op: SendOp::Send { sges, invalidate },
-            signaled: true,
+            signaled,
         }];
         let posted = marks::server_post(true, || self.qp.post_send(&wr));
         if posted.is_err() {
@@ -2008,8 +2225,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             self.fail(EndpointError::Provider(WcStatus::Flushed));
             return false;
         }
-        self.sends_in_flight += 1;
-        self.stats.sends_posted += 1;
+        self.sent(id, signaled);
         true
     }
 
@@ -2125,8 +2341,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 // and this Send reads it.
                 self.partial = (release == RELEASE_NONE).then_some(sbuf);
             }
-            self.sends_in_flight += 1;
-            self.stats.sends_posted += 1;
+            self.sent(wr_id(KIND_SEND, sbuf), true);
             if t.disconnect_after {
                 // The failure negotiate response is on its way; the caller
                 // disconnects once it completes.
@@ -2291,6 +2506,10 @@ mod tests {
         broken: bool,
         /// Every post fails (a queue pair the provider has torn down).
         refuse_posts: bool,
+        /// The drain marker is refused.
+        refuse_drain: bool,
+        /// Drain markers posted.
+        drains: usize,
     }
 
     impl MockQp {
@@ -2306,6 +2525,8 @@ mod tests {
                 sends: Vec::new(),
                 broken: false,
                 refuse_posts: false,
+                refuse_drain: false,
+                drains: 0,
             }
         }
 
@@ -2438,6 +2659,15 @@ mod tests {
         fn disconnect(&mut self) {
             self.broken = true;
         }
+        fn drain_send_queue(&mut self, wr_id: u64) -> Result<(), ProviderError> {
+            if !self.broken || self.refuse_drain {
+                return Err(ProviderError::Other("refused".into()));
+            }
+            self.drains += 1;
+            self.sq
+                .push_back((wr_id, false, true, WcStatus::Flushed, WcOpcode::Send));
+            Ok(())
+        }
     }
 
     struct Rig {
@@ -2448,8 +2678,14 @@ mod tests {
     }
 
     fn rig(ord: u32) -> Rig {
-        let pool = PoolConfig::new(4 << 20, 1)
-            .class(SizeClass::new("receive", 8192).per_slice(8))
+        rig_sized(ord, 8)
+    }
+
+    /// [`rig`] with `receives` receive buffers (8 leaves the connection
+    /// short of the receives its credits want: pool pressure).
+    fn rig_sized(ord: u32, receives: u32) -> Rig {
+        let pool = PoolConfig::new(8 << 20, 1)
+            .class(SizeClass::new("receive", 8192).per_slice(receives))
             .class(SizeClass::new("send", 1364).per_slice(8))
             .class(SizeClass::new("rdma", 64 << 10).per_slice(8))
             .hugepages(HugepagePolicy::Disable)
@@ -2784,8 +3020,12 @@ mod tests {
     /// A rig whose connection negotiated (passive side): the negotiate
     /// response is posted, not completed.
     fn negotiated_rig() -> Rig {
+        negotiated_rig_sized(8)
+    }
+
+    fn negotiated_rig_sized(receives: u32) -> Rig {
         use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
-        let mut r = rig(16);
+        let mut r = rig_sized(16, receives);
         assert!(r.ep.post_negotiate_receive(&mut r.alloc));
         let req = NegotiateRequestRepr {
             min_version: 0x0100,
@@ -2805,7 +3045,11 @@ mod tests {
     /// [`negotiated_rig`] with send credits and the negotiate response's
     /// Send completed.
     fn established_rig() -> Rig {
-        let mut r = negotiated_rig();
+        established_rig_sized(8)
+    }
+
+    fn established_rig_sized(receives: u32) -> Rig {
+        let mut r = negotiated_rig_sized(receives);
         // The peer's first message grants the send credits ([MS-SMBD]
         // 3.1.5.8).
         match deliver(&mut r, &fragment(10, 0)) {
@@ -3036,6 +3280,100 @@ mod tests {
         assert!(a.pool.locate(id).is_none());
         assert_eq!(free_sends(&a), sends_a);
         assert!(a.ep.flush(Instant::ZERO, &mut a.alloc).is_err());
+    }
+
+    /// Sends `n` whole messages at once (`send_now`, in place), taking
+    /// every completion after each; returns the message buffers and
+    /// whether each Send was signaled. With `grants`, the peer grants
+    /// credits every fourth message (else the 8 of the rig's set-up last).
+    fn send_whole_messages(r: &mut Rig, n: usize, grants: bool) -> Vec<(BufId, bool)> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            if grants && i % 4 == 0 {
+                // The peer grants 8 more send credits.
+                match deliver(r, &fragment(10, 0)) {
+                    Ok(Some(Event::Message(d))) => r.ep.release(d, &mut r.alloc),
+                    other => panic!("expected a message, got {other:?}"),
+                }
+            }
+            let (id, _) = queued_message(r);
+            assert_eq!(
+                r.ep.send_now(&mut r.alloc, id, 24, 100, None, true),
+                Ok(true)
+            );
+            let &(_, _, signaled, _, _) = r.ep.qp_mut().sq.back().unwrap();
+            out.push((id, signaled));
+            while let Some(wc) = r.ep.qp_mut().next_completion() {
+                r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                    .unwrap();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn one_send_in_eight_is_signaled_and_retires_those_before_it() {
+        let mut r = established_rig_sized(512);
+        let sent = send_whole_messages(&mut r, 43, true);
+        // No pool pressure: exactly every 8th Send asks for a completion.
+        let signaled: Vec<usize> = (0..sent.len()).filter(|&i| sent[i].1).collect();
+        assert_eq!(signaled, [7, 15, 23, 31, 39]);
+        // Each one's completion retired every Send up to it: those buffers
+        // are home; the three after the last are still the queue's.
+        for (i, (id, _)) in sent.iter().enumerate() {
+            assert_eq!(r.pool.locate(*id).is_none(), i <= 39, "message {i}");
+        }
+        assert_eq!(r.ep.silent_sends(), 3);
+        assert_eq!(r.ep.completions_due(), r.ep.outstanding() - 3);
+        // Closing drains them: one marker, flushed behind them, retires
+        // all three; nothing of the Sends is outstanding after.
+        r.ep.close(&mut r.alloc);
+        assert_eq!(r.ep.qp_mut().drains, 1);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert!(sent.iter().all(|(id, _)| r.pool.locate(*id).is_none()));
+        assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
+        // A second release posts no second marker.
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(r.ep.qp_mut().drains, 1);
+    }
+
+    #[test]
+    fn pool_pressure_makes_every_send_signaled() {
+        // Eight receive buffers for a connection whose credits want more:
+        // every repost falls short, and every Send is signaled, so no
+        // buffer waits on a later Send.
+        let mut r = established_rig_sized(8);
+        let sent = send_whole_messages(&mut r, 5, false);
+        assert!(sent.iter().all(|&(_, signaled)| signaled));
+        assert!(sent.iter().all(|(id, _)| r.pool.locate(*id).is_none()));
+        assert_eq!(r.ep.silent_sends(), 0);
+    }
+
+    #[test]
+    fn a_refused_drain_marker_retires_the_silent_sends_at_close() {
+        let mut r = established_rig_sized(512);
+        r.ep.set_signal_every(4);
+        let sent = send_whole_messages(&mut r, 6, true);
+        assert_eq!(
+            sent.iter().map(|s| s.1).collect::<Vec<_>>(),
+            [false, false, false, true, false, false]
+        );
+        r.ep.qp_mut().refuse_drain = true;
+        r.ep.close(&mut r.alloc);
+        assert_eq!(r.ep.qp_mut().drains, 0);
+        assert!(sent.iter().all(|(id, _)| r.pool.locate(*id).is_none()));
+        assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
+    }
+
+    #[test]
+    fn signaling_every_send_is_one_setting_away() {
+        let mut r = established_rig_sized(512);
+        r.ep.set_signal_every(1);
+        let sent = send_whole_messages(&mut r, 9, true);
+        assert!(sent.iter().all(|&(_, signaled)| signaled));
+        assert!(sent.iter().all(|(id, _)| r.pool.locate(*id).is_none()));
     }
 
     #[test]

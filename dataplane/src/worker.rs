@@ -1031,7 +1031,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             // posted, its completions say why it broke (an RDMA access
             // error, counted as such) and must not be preempted by a
             // generic "connection lost".
-            if slot.ep.outstanding() == 0 && slot.ep.qp().state() == QpState::Error {
+            if slot.ep.completions_due() == 0 && slot.ep.qp().state() == QpState::Error {
                 slot.closing = Some(CloseReason::Provider(WcStatus::Flushed));
                 slot.dirty = true;
                 continue;

@@ -113,6 +113,7 @@ macro_rules! provider_conformance_tests {
             revoked_by_send_with_invalidate,
             completion_batching,
             selective_signaling_retires_unsignaled_work,
+            drain_marker_completes_behind_silent_sends,
             disconnect_surfaces_as_connection_loss_on_both_sides,
             dropped_queue_pair_surfaces_as_connection_loss,
             ird_ord_negotiated_to_minimum,
@@ -1469,6 +1470,74 @@ pub fn selective_signaling_retires_unsignaled_work<F: Fixture>(f: &F) {
         drain::<F::P>(&mut p.server.cq, Duration::from_millis(10)).is_empty(),
         "unsignaled work completed"
     );
+}
+
+/// The drain marker ([`QueuePair::drain_send_queue`]): refused while the
+/// queue pair is connected (it would reach the peer as an empty message);
+/// once disconnected, it completes, the only completion on the queue,
+/// behind unsignaled Sends that succeeded silently and never complete on
+/// their own; and their send-queue room is back after it.
+pub fn drain_marker_completes_behind_silent_sends<F: Fixture>(f: &F) {
+    let cap = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 16,
+        ..caps()
+    };
+    let mut p = connect(f, cap, cap);
+    let s = buf(f, f.server(), 4096);
+    let c = buf(f, f.client(), 4096);
+    let recvs: Vec<RecvWr> = (0..8)
+        .map(|i| RecvWr {
+            wr_id: 10 + i,
+            sge: s.sge(i as usize * 256, 256),
+        })
+        .collect();
+    p.server.qp.post_recv(&recvs).expect("post_recv");
+    let sges: Vec<[Sge; 1]> = (0..7).map(|i| [c.sge(i * 64, 64)]).collect();
+    let wrs: Vec<SendWr<'_>> = (0..7)
+        .map(|i| SendWr {
+            wr_id: 100 + i as u64,
+            op: SendOp::Send {
+                sges: &sges[i],
+                invalidate: None,
+            },
+            signaled: false,
+        })
+        .collect();
+    p.client.qp.post_send(&wrs).expect("post_send");
+    let got = wait_for::<F::P>(f, &mut p.server.cq, 7, "the seven messages");
+    assert!(got
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Recv));
+    assert!(
+        p.client.qp.drain_send_queue(999).is_err(),
+        "a marker on a connected queue pair was accepted"
+    );
+    assert!(drain::<F::P>(&mut p.client.cq, Duration::from_millis(20)).is_empty());
+    p.client.qp.disconnect();
+    p.client.qp.drain_send_queue(999).expect("drain marker");
+    let cs = wait_for::<F::P>(f, &mut p.client.cq, 1, "the drain marker");
+    assert_eq!(
+        (cs[0].wr_id, cs[0].status, cs[0].opcode),
+        (999, WcStatus::Flushed, WcOpcode::Send)
+    );
+    assert!(
+        drain::<F::P>(&mut p.client.cq, Duration::from_millis(50)).is_empty(),
+        "a silent Send completed after all"
+    );
+    // Everything before the marker is retired: a full queue of markers
+    // fits again.
+    for k in 0..8 {
+        p.client
+            .qp
+            .drain_send_queue(1000 + k)
+            .unwrap_or_else(|e| panic!("marker {k}: {e}"));
+    }
+    let cs = wait_for::<F::P>(f, &mut p.client.cq, 8, "eight more markers");
+    assert!(cs
+        .iter()
+        .enumerate()
+        .all(|(k, c)| c.wr_id == 1000 + k as u64 && c.status == WcStatus::Flushed));
 }
 
 /// [MS-SMBD] 3.1.7.1: a disconnect by either end is connection loss on

@@ -378,6 +378,21 @@ pub trait QueuePair: Send {
 
     /// Disconnects; outstanding requests are flushed on both sides.
     fn disconnect(&mut self);
+
+    /// Posts a drain marker, once the queue pair is out of service (after
+    /// [`QueuePair::disconnect`], or broken by a failed request): a
+    /// signaled request with no data that completes (normally with
+    /// [`WcStatus::Flushed`], opcode [`WcOpcode::Send`], `wr_id`) after
+    /// every send-queue request posted before it. A caller that signals
+    /// selectively learns from it that the unsignaled requests at the
+    /// queue's tail, which succeeded silently and will never complete on
+    /// their own, are done with their buffers (the way the kernel's
+    /// `ib_drain_sq` posts a marker after moving the queue pair to the
+    /// error state). Refused ([`ProviderError::Other`]) while the queue
+    /// pair is connected, where the marker would reach the peer as an empty
+    /// message, and with [`ProviderError::QueueFull`] while the queue has
+    /// no room.
+    fn drain_send_queue(&mut self, wr_id: u64) -> Result<(), ProviderError>;
 }
 
 /// A connection request at a listener.

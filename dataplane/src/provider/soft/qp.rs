@@ -583,6 +583,24 @@ impl QueuePair for SoftQp {
     fn disconnect(&mut self) {
         self.ep.disconnect();
     }
+
+    fn drain_send_queue(&mut self, wr_id: u64) -> Result<(), ProviderError> {
+        // Requests execute when posted, so the marker is flushed at once,
+        // behind everything before it.
+        if !self.ep.is_broken() {
+            return Err(ProviderError::Other(
+                "drain marker refused: the queue pair is still connected".into(),
+            ));
+        }
+        self.post_send(&[SendWr {
+            wr_id,
+            op: SendOp::Send {
+                sges: &[],
+                invalidate: None,
+            },
+            signaled: true,
+        }])
+    }
 }
 
 impl Drop for SoftQp {

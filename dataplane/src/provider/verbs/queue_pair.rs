@@ -738,6 +738,29 @@ impl QueuePair for VerbsQp {
     fn disconnect(&mut self) {
         self.cm_id.state().disconnect_local();
     }
+
+    fn drain_send_queue(&mut self, wr_id: u64) -> Result<(), ProviderError> {
+        // Out of service: rdma_disconnect (or the failed request) moved the
+        // queue pair to the error state, where a posted request is flushed,
+        // not sent; behind the requests before it, as the queue completes
+        // in order.
+        if self.state() == QpState::Connected {
+            return Err(ProviderError::Other(
+                "drain marker refused: the queue pair is still connected".into(),
+            ));
+        }
+        if self.shadow.sq.room(self.sq_head) < 1 {
+            return Err(ProviderError::QueueFull);
+        }
+        self.post_send_chain(&[SendWr {
+            wr_id,
+            op: SendOp::Send {
+                sges: &[],
+                invalidate: None,
+            },
+            signaled: true,
+        }])
+    }
 }
 
 impl Drop for VerbsQp {
