@@ -1,12 +1,18 @@
 //! `--workload raw-send`: the `send` round trip over the bare provider,
 //! without SMB Direct — the baseline `send` is judged against. Each
-//! operation posts one signaled Send of `--size` bytes from a registered
-//! buffer of its slot; an echo thread on the server core ([`RawEchoServer`])
-//! sends every message straight back out of the receive buffer it landed in
-//! and reposts that buffer once the echo's Send completes (the provider
-//! benchmark's responder, `crate::provider_bench`, for many connections and
-//! a queue depth). The operation ends when the echo's receive completed and
-//! its own Send did (only then may the slot's buffer be reused).
+//! operation posts one Send of `--size` bytes from the next registered send
+//! buffer of a rotation; an echo thread on the server core
+//! ([`RawEchoServer`]) sends every message straight back out of the receive
+//! buffer it landed in and reposts that buffer once the echo's Send is
+//! retired (the provider benchmark's responder, `crate::provider_bench`,
+//! for many connections and a queue depth). The operation ends when the
+//! echo's receive completed (and, for a signaled Send, its completion).
+//!
+//! Both ends signal their Sends selectively, as `send`'s endpoint does: one
+//! in [`SIGNAL_EVERY`], whose completion retires those before it (the send
+//! queue completes in order). The rotation holds `queue depth +
+//! SIGNAL_EVERY` send buffers, so a buffer comes round again only after its
+//! Send is retired; the echo side keeps that many more receives.
 //!
 //! The baseline stays the floor: without `--verify` the client never reads
 //! what it receives (with the soft provider, bytes the other core wrote),
@@ -28,6 +34,7 @@ use super::pattern;
 use super::workload::{Fifo, Outcome, Session, Workload};
 use super::Retained;
 use crate::baseline;
+use smbdirect_dataplane::endpoint::SIGNAL_EVERY;
 use smbdirect_dataplane::marks::{self, Point};
 use smbdirect_dataplane::provider::{
     Completion, CompletionQueue, ConnRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
@@ -47,11 +54,25 @@ const RECV_BIT: u64 = 1 << 63;
 /// How long connection set-up may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Receives the echo thread keeps per connection for `qd`: a request can
-/// arrive while the buffer of the previous one still carries its echo.
+/// Receives the echo thread keeps per connection for `qd`: `qd` requests
+/// can arrive while the buffers of the echoes before them are not retired
+/// yet: up to `SIGNAL_EVERY - 1` unsignaled ones wait for a later one, and
+/// a signaled one's completion can sit behind a whole poll's worth of
+/// receives (a batch of up to `qd` echoes).
 fn echo_receives(qd: u32) -> u32 {
-    2 * qd + 2
+    3 * qd + 2 + SIGNAL_EVERY
 }
+
+/// Send buffers of a client connection at queue depth `qd`: the
+/// operations in flight, the unsignaled Sends not yet retired, and as many
+/// again for echoes that overtake a signaled Send's completion.
+fn send_buffers(qd: u32) -> u32 {
+    2 * qd + SIGNAL_EVERY
+}
+
+/// A client Send's work-request id: its operation slot in the low bits,
+/// the Send's number above ([`RawSession::retired`]).
+const SLOT_BITS: u32 = 20;
 
 fn caps(depth: u32) -> QpCaps {
     QpCaps {
@@ -270,6 +291,14 @@ fn echo<P: Provider>(
         qps.push(qp);
     }
     let mut dead = vec![false; connections];
+    // Per connection: the receive buffers whose echoes are not retired yet,
+    // in sending order, and the unsignaled echoes since the latest signaled
+    // one (the send queue completes in order: a completion retires every
+    // echo before it, whose buffers are reposted then).
+    let mut unretired: Vec<std::collections::VecDeque<usize>> = (0..connections)
+        .map(|_| std::collections::VecDeque::with_capacity(per_conn))
+        .collect();
+    let mut silent = vec![0u32; connections];
     let mut wcs = [Completion::EMPTY; 32];
     let mut echoed = 0u64;
     while !stop.0.load(Ordering::Relaxed) {
@@ -293,6 +322,8 @@ fn echo<P: Provider>(
                     marks::mark_at(Point::ServerDetect, detected);
                     let sges = [bufs.sge(i, wc.byte_len as usize)];
                     echoed += 1;
+                    let signaled = silent[c] + 1 >= SIGNAL_EVERY;
+                    silent[c] = if signaled { 0 } else { silent[c] + 1 };
                     marks::mark(Point::ServerPostBegin);
                     let posted = qps[c].post_send(&[SendWr {
                         wr_id: i as u64,
@@ -300,15 +331,26 @@ fn echo<P: Provider>(
                             sges: &sges,
                             invalidate: None,
                         },
-                        signaled: true,
+                        signaled,
                     }]);
                     marks::mark(Point::ServerPostEnd);
+                    // Never beyond its capacity: each buffer is in it once.
+                    unretired[c].push_back(i);
                     posted
                 }
-                WcOpcode::Send => qps[c].post_recv(&[RecvWr {
-                    wr_id: RECV_BIT | i as u64,
-                    sge: bufs.sge(i, bufs.bufs[i].len),
-                }]),
+                WcOpcode::Send => {
+                    let mut r = Ok(());
+                    while let Some(b) = unretired[c].pop_front() {
+                        r = r.and(qps[c].post_recv(&[RecvWr {
+                            wr_id: RECV_BIT | b as u64,
+                            sge: bufs.sge(b, bufs.bufs[b].len),
+                        }]));
+                        if b == i {
+                            break;
+                        }
+                    }
+                    r
+                }
                 _ => Ok(()),
             };
             if r.is_err() {
@@ -369,15 +411,16 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
     fn open(&self, index: usize) -> Result<RawSession<P>, BenchError> {
         let qd = self.queue_depth as usize;
         let nrecv = qd + 1;
+        let nsend = send_buffers(self.queue_depth) as usize;
         let what = format!("connection {index}");
         let bufs = Buffers::new(
             &*self.provider,
             self.size,
-            (qd + nrecv) as u32,
+            (nsend + nrecv) as u32,
             self.retained,
             &what,
         )?;
-        let caps = caps(nrecv as u32);
+        let caps = caps(nsend.max(nrecv) as u32);
         let cq = self
             .provider
             .create_cq(caps.max_send_wr + caps.max_recv_wr)
@@ -390,21 +433,25 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
             })?;
         let recv_wrs: Box<[RecvWr]> = (0..nrecv)
             .map(|k| RecvWr {
-                wr_id: RECV_BIT | (qd + k) as u64,
-                sge: bufs.sge(qd + k, bufs.bufs[qd + k].len),
+                wr_id: RECV_BIT | (nsend + k) as u64,
+                sge: bufs.sge(nsend + k, bufs.bufs[nsend + k].len),
             })
             .collect();
         qp.post_recv(&recv_wrs)
             .map_err(|e| BenchError::failed(format!("{what}: posting receives"), e))?;
-        for slot in 0..qd {
+        for b in 0..nsend {
             // SAFETY: no work request uses the send buffers yet.
-            pattern::fill(unsafe { bufs.bytes_mut(slot, self.size) }, u64::MAX >> 8);
+            pattern::fill(unsafe { bufs.bytes_mut(b, self.size) }, u64::MAX >> 8);
         }
         Ok(RawSession {
             cq,
             qp,
             bufs,
             recv_wrs,
+            nsend,
+            posted: 0,
+            retired: 0,
+            silent: 0,
             state: vec![0; qd].into_boxed_slice(),
             ok: vec![true; qd].into_boxed_slice(),
             fifo: Fifo::with_capacity(qd),
@@ -416,17 +463,26 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
     }
 }
 
-/// Slot state bits: its Send completed, its echo arrived.
+/// Slot state bits: its Send completed (or needs no completion), its echo
+/// arrived.
 const SENT: u8 = 1;
 const ECHOED: u8 = 2;
 
-/// One raw connection: slots `0..qd` are the send buffers, the rest
+/// One raw connection: buffers `0..nsend` are the send rotation, the rest
 /// receive buffers.
 pub struct RawSession<P: Provider> {
     cq: P::Cq,
     qp: P::Qp,
     bufs: Buffers,
     recv_wrs: Box<[RecvWr]>,
+    /// Send buffers in the rotation.
+    nsend: usize,
+    /// Sends posted (the next one uses buffer `posted % nsend`).
+    posted: u64,
+    /// Sends retired: every one before the latest completed.
+    retired: u64,
+    /// Unsignaled Sends since the latest signaled one.
+    silent: u32,
     state: Box<[u8]>,
     ok: Box<[bool]>,
     fifo: Fifo,
@@ -445,21 +501,36 @@ impl<P: Provider> RawSession<P> {
 impl<P: Provider> Session for RawSession<P> {
     fn start(&mut self, slot: u32, seq: u64) -> Result<(), BenchError> {
         let s = slot as usize;
-        if self.verify {
-            // SAFETY: the slot is free: its previous Send completed.
-            pattern::fill(unsafe { self.bufs.bytes_mut(s, self.size) }, seq);
+        if self.posted - self.retired >= self.nsend as u64 {
+            // Never seen: the buffer's previous Send is still the queue's.
+            return Err(self.fail(format!(
+                "{} Sends unretired: the send buffer rotation of {} is used up",
+                self.posted - self.retired,
+                self.nsend
+            )));
         }
-        let sges = [self.bufs.sge(s, self.size)];
-        self.state[s] = 0;
+        let b = (self.posted % self.nsend as u64) as usize;
+        if self.verify {
+            // SAFETY: the buffer's previous Send, `nsend` Sends ago, is
+            // retired (checked above).
+            pattern::fill(unsafe { self.bufs.bytes_mut(b, self.size) }, seq);
+        }
+        let sges = [self.bufs.sge(b, self.size)];
+        let signaled = self.silent + 1 >= SIGNAL_EVERY;
+        self.silent = if signaled { 0 } else { self.silent + 1 };
+        // An unsignaled Send needs no completion: the operation ends with
+        // its echo.
+        self.state[s] = if signaled { 0 } else { SENT };
         marks::mark(Point::ClientPostBegin);
         let posted = self.qp.post_send(&[SendWr {
-            wr_id: slot as u64,
+            wr_id: self.posted << SLOT_BITS | slot as u64,
             op: SendOp::Send {
                 sges: &sges,
                 invalidate: None,
             },
-            signaled: true,
+            signaled,
         }]);
+        self.posted += 1;
         marks::mark(Point::ClientPostEnd);
         posted.map_err(|e| self.fail(format!("posting a Send: {e}")))?;
         if !self.fifo.push(slot, seq) {
@@ -480,7 +551,11 @@ impl<P: Provider> Session for RawSession<P> {
                 )));
             }
             let slot = match wc.opcode {
-                WcOpcode::Send => wc.wr_id as usize,
+                WcOpcode::Send => {
+                    // In order: this Send and every one before it are done.
+                    self.retired = (wc.wr_id >> SLOT_BITS) + 1;
+                    (wc.wr_id & ((1 << SLOT_BITS) - 1)) as usize
+                }
                 WcOpcode::Recv => {
                     marks::mark_at(Point::ClientDetect, detected);
                     let i = (wc.wr_id & !RECV_BIT) as usize;
@@ -495,7 +570,7 @@ impl<P: Provider> Session for RawSession<P> {
                         && (!self.verify
                             || pattern::check(unsafe { self.bufs.bytes(i, len) }, seq));
                     self.ok[s] = ok;
-                    let r = i - self.ok.len();
+                    let r = i - self.nsend;
                     self.qp
                         .post_recv(&self.recv_wrs[r..=r])
                         .map_err(|e| self.fail(format!("reposting a receive: {e}")))?;
