@@ -68,7 +68,7 @@ const SEND_IN_PLACE: u64 = 1 << 31;
 /// [`SendRing`]; a larger send depth is clamped to it).
 pub const SEND_RING: u32 = 1024;
 /// A whole message posted at once goes out signaled one time in this many
-/// (fewer on a shallow send queue: a quarter of its depth); the Sends
+/// (fewer on a shallow send queue: half its depth); the Sends
 /// between are retired by the next signaled one ([`Endpoint::post_now`]).
 pub const SIGNAL_EVERY: u32 = 8;
 /// The work-request id of the drain marker ([`QueuePair::drain_send_queue`]):
@@ -1333,18 +1333,18 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Most sends in flight at once (the queue pair's send depth, at most
     /// [`SEND_RING`]); a peer granting more credits than that cannot overrun
     /// the send queue. Also sets how often a Send is signaled: one in
-    /// [`SIGNAL_EVERY`], or in a quarter of a shallower depth (so
+    /// [`SIGNAL_EVERY`], or in half a shallower depth (so
     /// unsignaled Sends never fill the queue, and the drain marker always
     /// finds room behind them).
     pub fn set_send_depth(&mut self, depth: u32) {
         self.send_depth = depth.clamp(1, SEND_RING);
-        self.signal_every = SIGNAL_EVERY.min(self.send_depth / 4).max(1);
+        self.signal_every = SIGNAL_EVERY.min(self.send_depth / 2).max(1);
     }
 
     /// Signals one whole-message Send in `n` (1: every Send; at most what
     /// the send depth allows, [`Endpoint::set_send_depth`]).
     pub fn set_signal_every(&mut self, n: u32) {
-        self.signal_every = n.clamp(1, SIGNAL_EVERY.min(self.send_depth / 4).max(1));
+        self.signal_every = n.clamp(1, SIGNAL_EVERY.min(self.send_depth / 2).max(1));
     }
 
     /// Passive side: hand the Negotiate Request to the owner as
