@@ -519,6 +519,19 @@ pub fn now_ns() -> u64 {
     }
 }
 
+/// An `Instant` in [`now_ns`]'s count (0 for one before the epoch, which
+/// is taken before any caller can hold an `Instant` of [`now`]).
+#[inline]
+pub fn ns_of(t: Instant) -> u64 {
+    since(global().epoch, t)
+}
+
+/// The `Instant` of a [`now_ns`] count: `ns_of(instant_of(n)) == n`.
+#[inline]
+pub fn instant_of(ns: u64) -> Instant {
+    global().epoch + Duration::from_nanos(ns)
+}
+
 #[inline]
 fn tsc_now_ns(rate: Rate, epoch: Instant) -> u64 {
     THREAD

@@ -87,10 +87,6 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("constant histogram bounds are valid")
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
-}
-
 /// Live counters of one client thread, read by the progress display.
 #[derive(Default)]
 #[repr(align(128))]
@@ -111,8 +107,11 @@ struct Gate {
 }
 
 #[derive(Debug, Clone, Copy)]
+/// Times in the loop are [`clock::now_ns`] counts: integers, not
+/// `Instant`s (where the clock runs on the TSC, the `Instant` and
+/// `Duration` conversions were ~100-150 instructions a round trip).
 struct Slot {
-    start: Instant,
+    start: u64,
     measured: bool,
     busy: bool,
 }
@@ -126,8 +125,8 @@ struct Conn<S> {
     seq: u64,
     quota: u64,
     started_measured: u64,
-    next_due: Instant,
-    last_progress: Instant,
+    next_due: u64,
+    last_progress: u64,
     finished: bool,
 }
 
@@ -279,7 +278,7 @@ fn client_thread<W: Workload>(
     let pinned = plan.client_cores[thread].is_some_and(baseline::pin);
     let qd = plan.queue_depth as usize;
     let mut conns = Vec::with_capacity(plan.connections.div_ceil(threads));
-    let now = clock::now();
+    let now = clock::now_ns();
     for index in (thread..plan.connections).step_by(threads) {
         let session = workload.open(index)?;
         conns.push(Conn {
@@ -317,7 +316,8 @@ fn client_thread<W: Workload>(
     for c in conns.iter_mut() {
         c.session.begin(t0 + plan.warmup);
     }
-    let r = drive(&mut conns, &mut hist, plan, t0, gate, counters);
+    let r = drive(&mut conns, &mut hist, plan, t0, gate, counters)
+        .map(|(ops, errors, last)| (ops, errors, last.map(clock::instant_of)));
     counters.drained.store(true, Ordering::Relaxed);
     let credit_stalls = conns.iter().map(|c| c.session.credit_stalls()).sum();
     close_all(conns);
@@ -347,19 +347,22 @@ fn drive<S: Session>(
     t0: Instant,
     gate: &Gate,
     counters: &Counters,
-) -> Result<(u64, u64, Option<Instant>), BenchError> {
-    let measure_start = t0 + plan.warmup;
+) -> Result<(u64, u64, Option<u64>), BenchError> {
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let t0 = clock::ns_of(t0);
+    let measure_start = t0.saturating_add(ns(plan.warmup));
     let end = match plan.stop {
-        Stop::After(d) => Some(measure_start + d),
+        Stop::After(d) => Some(measure_start.saturating_add(ns(d))),
         Stop::Iterations(_) => None,
     };
+    // Whole nanoseconds: under 1 ns of drift per operation.
     let interval = plan
         .rate
-        .map(|r| Duration::from_secs_f64(plan.connections as f64 / r));
+        .map(|r| ns(Duration::from_secs_f64(plan.connections as f64 / r)).max(1));
     for c in conns.iter_mut() {
         c.next_due = t0
-            + interval.map_or(Duration::ZERO, |iv| {
-                iv.mul_f64(c.index as f64 / plan.connections as f64)
+            + interval.map_or(0, |iv| {
+                (iv as f64 * c.index as f64 / plan.connections as f64) as u64
             });
         c.last_progress = t0;
     }
@@ -389,14 +392,12 @@ fn drive<S: Session>(
                     ..
                 } = c;
                 session.poll(&mut |o: Outcome| {
-                    let now = clock::now();
+                    let now = clock::now_ns();
                     match slots.get_mut(o.slot as usize) {
                         Some(s) if s.busy => {
                             s.busy = false;
                             if s.measured {
-                                hist.saturating_record(nanos(
-                                    now.saturating_duration_since(s.start),
-                                ));
+                                hist.saturating_record(now.saturating_sub(s.start).max(1));
                                 ops += 1;
                                 last_done = Some(now);
                             }
@@ -425,7 +426,7 @@ fn drive<S: Session>(
             // Starts.
             while !c.finished {
                 let Some(&slot) = c.free.last() else { break };
-                let now = clock::now();
+                let now = clock::now_ns();
                 let at = if interval.is_some() { c.next_due } else { now };
                 if end.is_some_and(|e| at >= e) {
                     c.finished = true;
@@ -459,7 +460,8 @@ fn drive<S: Session>(
                 }
             }
             if !progressed && c.outstanding > 0 && turn % 4096 == 0 {
-                let quiet = clock::now().saturating_duration_since(c.last_progress);
+                let quiet =
+                    Duration::from_nanos(clock::now_ns().saturating_sub(c.last_progress));
                 if quiet > plan.stall_limit {
                     return Err(BenchError::failed(
                         format!("connection {}", c.index),
