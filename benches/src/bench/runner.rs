@@ -460,8 +460,7 @@ fn drive<S: Session>(
                 }
             }
             if !progressed && c.outstanding > 0 && turn % 4096 == 0 {
-                let quiet =
-                    Duration::from_nanos(clock::now_ns().saturating_sub(c.last_progress));
+                let quiet = Duration::from_nanos(clock::now_ns().saturating_sub(c.last_progress));
                 if quiet > plan.stall_limit {
                     return Err(BenchError::failed(
                         format!("connection {}", c.index),
