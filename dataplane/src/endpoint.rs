@@ -137,6 +137,21 @@ impl SendRing {
         Some(self.ids[(self.head & self.mask()) as usize])
     }
 
+    /// Unsignaled Sends after the latest signaled one (which ends at ring
+    /// position `signaled_end`), not yet retired.
+    fn silent(&self, signaled_end: u32) -> u32 {
+        self.head.wrapping_sub(signaled_end).min(self.len())
+    }
+
+    /// Whether the next whole-message Send asks for a completion: one in
+    /// `every`, and any after pool pressure (`pressure`, the count of
+    /// shortfalls and stalls, moved since `seen`, which it updates).
+    fn signal_next(&self, signaled_end: u32, every: u32, pressure: u64, seen: &mut u64) -> bool {
+        let moved = pressure != *seen;
+        *seen = pressure;
+        self.silent(signaled_end) + 1 >= every || moved
+    }
+
     fn contains(&self, id: u64) -> bool {
         (0..self.len()).any(|k| self.ids[(self.tail.wrapping_add(k) & self.mask()) as usize] == id)
     }
@@ -1417,10 +1432,7 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Unsignaled Sends after the latest signaled one (or drain marker),
     /// not yet retired.
     fn silent_sends(&self) -> u32 {
-        self.sends
-            .head
-            .wrapping_sub(self.signaled_end)
-            .min(self.sends.len())
+        self.sends.silent(self.signaled_end)
     }
 
     /// Send-queue slots in use (sends and RDMA work requests).
@@ -1790,6 +1802,8 @@ impl<Q: QueuePair> Endpoint<Q> {
             stats,
             sends,
             signaled_end,
+            signal_every,
+            pressure_seen,
             ..
         } = self;
         let (pool, mr, c) = (&*pool, *mr, &mut **chain);
@@ -1895,13 +1909,21 @@ impl<Q: QueuePair> Endpoint<Q> {
                 )
                 .map(|sbuf| (sbuf, a));
             }
+            // Signaled selectively, as `post_now`'s whole messages are: the
+            // Write's completion finishes the operation, the reply's
+            // only frees its send buffer and message.
             let reply_wr = reply.map(|(sbuf, a)| SendWr {
                 wr_id: wr_id(KIND_SEND, sbuf),
                 op: SendOp::Send {
                     sges: &reply_sges,
                     invalidate: a.invalidate,
                 },
-                signaled: true,
+                signaled: sends.signal_next(
+                    *signaled_end,
+                    *signal_every,
+                    stats.receive_shortfalls + stats.pool_stalls,
+                    pressure_seen,
+                ),
             });
             let posted = if n == 1 && reply_wr.is_none() {
                 qp.post_send(&[make(0)])
@@ -1946,7 +1968,9 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             if let Some(w) = &reply_wr {
                 sends.push(w.wr_id);
-                *signaled_end = sends.head;
+                if w.signaled {
+                    *signaled_end = sends.head;
+                }
                 stats.sends_posted += 1;
                 r.stats.replies_chained += 1;
             }
@@ -2186,16 +2210,17 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// On a provider failure frees its buffers (`sbuf`, if any, and `msg`),
     /// fails the endpoint as `flush` does and returns false.
     ///
-    /// Selective signaling: one such Send in `signal_every` asks for a
-    /// completion, and its completion retires the unsignaled ones before it
-    /// ([`SendRing`]), as perftest and the kernel's NVMe-oF target do; a
-    /// round trip then polls one completion per side fewer. Any sign of
+    /// Selective signaling: one such Send in `signal_every` (counting the
+    /// replies chained behind a Write too) asks for a completion, and its
+    /// completion retires the unsignaled ones before it ([`SendRing`]), as
+    /// perftest does; a round trip then polls one completion per side
+    /// fewer. Any sign of
     /// pool pressure since the previous Send (a receive not reposted, a
     /// send buffer not found) makes this one signaled, so the buffers the
     /// unsignaled ones still hold come home. A connection that goes quiet
     /// keeps at most `signal_every - 1` of them until its next Send, or
-    /// its close ([`Endpoint::drain_sends`]). Segments, control messages
-    /// and replies chained behind a Write stay signaled.
+    /// its close ([`Endpoint::drain_sends`]). Segments and control
+    /// messages stay signaled.
     #[inline]
     fn post_now(
         &mut self,
@@ -2206,10 +2231,12 @@ impl<Q: QueuePair> Endpoint<Q> {
         sbuf: Option<BufId>,
         msg: BufId,
     ) -> bool {
-        let pressure = self.stats.receive_shortfalls + self.stats.pool_stalls;
-        let signaled =
-            self.silent_sends() + 1 >= self.signal_every || pressure != self.pressure_seen;
-        self.pressure_seen = pressure;
+        let signaled = self.sends.signal_next(
+            self.signaled_end,
+            self.signal_every,
+            self.stats.receive_shortfalls + self.stats.pool_stalls,
+            &mut self.pressure_seen,
+        );
         let wr = [SendWr {
             wr_id: id,
             op: SendOp::Send { sges, invalidate },
@@ -2682,11 +2709,13 @@ mod tests {
     }
 
     /// [`rig`] with `receives` receive buffers (8 leaves the connection
-    /// short of the receives its credits want: pool pressure).
+    /// short of the receives its credits want: pool pressure); more than 8
+    /// come with 64 send buffers instead of 8.
     fn rig_sized(ord: u32, receives: u32) -> Rig {
+        let sends = if receives > 8 { 64 } else { 8 };
         let pool = PoolConfig::new(8 << 20, 1)
             .class(SizeClass::new("receive", 8192).per_slice(receives))
-            .class(SizeClass::new("send", 1364).per_slice(8))
+            .class(SizeClass::new("send", 1364).per_slice(sends))
             .class(SizeClass::new("rdma", 64 << 10).per_slice(8))
             .hugepages(HugepagePolicy::Disable)
             .mlock(false)
@@ -3553,6 +3582,52 @@ mod tests {
         r.ep.release_rdma(&mut r.alloc);
         assert_eq!(unpins(), [4, 4, 4, 0, 0, 0, 0, 0]);
         assert_eq!(free_counts(&r.pool), r.baseline, "every aux buffer home");
+    }
+
+    #[test]
+    fn chained_replies_are_signaled_one_in_eight_and_drained_on_close() {
+        let mut r = established_rig_sized(512);
+        let src = vec![0x42u8; 3000];
+        let mut signaled = Vec::new();
+        for k in 0..10 {
+            if k % 4 == 0 {
+                match deliver(&mut r, &fragment(10, 0)) {
+                    Ok(Some(Event::Message(d))) => r.ep.release(d, &mut r.alloc),
+                    other => panic!("expected a message, got {other:?}"),
+                }
+            }
+            with_replies(&mut r, None, |o| {
+                let t = o.rdma_write(&descs(0, 2, 1500, 1), 0, 3000, b"", |b| {
+                    b.copy_from_slice(&src)
+                })?;
+                o.reply_after_write(t, 5, None, |b| b.copy_from_slice(b"hello"))?;
+                Ok(t)
+            })
+            .unwrap();
+            r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+            let &(_, _, sig, _, op) = r.ep.qp().sq.back().unwrap();
+            assert_eq!(op, WcOpcode::Send, "reply {k} chained");
+            signaled.push(sig);
+            while let Some(wc) = r.ep.qp_mut().next_completion() {
+                r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                    .unwrap();
+            }
+            // The Write's completion finished the operation, whatever the
+            // reply's signaling.
+            assert_eq!(r.ep.rdma().unwrap().active(), 0, "reply {k}");
+        }
+        let expect: Vec<bool> = (0..10).map(|k| k == 7).collect();
+        assert_eq!(signaled, expect);
+        assert_eq!(r.ep.silent_sends(), 2);
+        let free_sends = |r: &Rig| r.pool.class_stats(0, ClassId::SEND).unwrap().free;
+        let held = free_sends(&r);
+        r.ep.close(&mut r.alloc);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        // Each silent reply held its header's send buffer and its body's.
+        assert_eq!(free_sends(&r), held + 4, "the two silent replies' buffers");
+        assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
     }
 
     #[test]
