@@ -80,9 +80,9 @@ const DRAIN_WR_ID: u64 = (KIND_SEND << KIND_SHIFT) | ID_MASK;
 /// posting order. A reliable-connected send queue completes in order, so a
 /// Send's completion (a signaled one's, a failed one's, the drain
 /// marker's) retires it and every Send posted before it: the unsignaled
-/// ones that succeeded silently ([MS-SMBD] 3.1.5.1 leaves signaling to the
-/// implementation; hardware and Soft-RoCE retire unsignaled requests this
-/// way).
+/// ones that succeeded silently. (Which Sends ask for a completion is the
+/// implementation's choice: [MS-SMBD] specifies the messages, not the
+/// work completions of its RDMA lower layer.)
 #[derive(Debug)]
 struct SendRing {
     ids: Box<[u64]>,

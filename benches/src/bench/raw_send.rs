@@ -10,9 +10,10 @@
 //!
 //! Both ends signal their Sends selectively, as `send`'s endpoint does: one
 //! in [`SIGNAL_EVERY`], whose completion retires those before it (the send
-//! queue completes in order). The rotation holds `queue depth +
+//! queue completes in order). The rotation holds `2 x queue depth +
 //! SIGNAL_EVERY` send buffers, so a buffer comes round again only after its
-//! Send is retired; the echo side keeps that many more receives.
+//! Send is retired (checked); the echo side keeps `3 x queue depth + 2 +
+//! SIGNAL_EVERY` receives ([`echo_receives`]).
 //!
 //! The baseline stays the floor: without `--verify` the client never reads
 //! what it receives (with the soft provider, bytes the other core wrote),
