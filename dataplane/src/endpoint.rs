@@ -1257,9 +1257,6 @@ pub struct Endpoint<Q: QueuePair> {
     /// posted: pool pressure since then makes the next one signaled, so
     /// the buffers unsignaled Sends hold come back.
     pressure_seen: u64,
-    /// The drain marker is on the queue pair (teardown with unsignaled
-    /// Sends at the tail, [`Endpoint::drain_sends`]).
-    draining: bool,
     /// The send buffer of the latest segment posted of a message whose
     /// last segment is not posted yet, until that Send completes: if the
     /// connection ends before the last segment goes, the message buffer is
@@ -1294,7 +1291,6 @@ impl<Q: QueuePair> Endpoint<Q> {
             signaled_end: 0,
             signal_every: SIGNAL_EVERY,
             pressure_seen: 0,
-            draining: false,
             partial: None,
             stats: EndpointStats::default(),
             failed: None,
@@ -1505,14 +1501,14 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// calling it until [`Endpoint::outstanding`] is zero, retries a marker
     /// the queue had no room for yet. A provider that refuses the marker
     /// on a queue pair out of service leaves nothing to wait for: those
-    /// Sends are retired at once, with a log line.
+    /// Sends are retired at once, with a log line. Either way no Send is
+    /// silent afterwards, so no second marker follows.
     fn drain_sends(&mut self, alloc: &mut SliceAllocator) {
-        if self.draining || self.failed.is_none() || self.silent_sends() == 0 {
+        if self.failed.is_none() || self.silent_sends() == 0 {
             return;
         }
         match self.qp.drain_send_queue(DRAIN_WR_ID) {
             Ok(()) => {
-                self.draining = true;
                 self.sends.push(DRAIN_WR_ID);
                 self.signaled_end = self.sends.head;
             }
@@ -1523,7 +1519,6 @@ impl<Q: QueuePair> Endpoint<Q> {
                     "smbdirectd: queue pair {}: drain marker refused ({e}); retiring the closed connection's {n} unsignaled Sends without it",
                     self.qp.id().0,
                 );
-                self.draining = true;
                 for _ in 0..n {
                     if let Some(id) = self.sends.pop_back() {
                         self.retire_send(id, alloc);
