@@ -340,14 +340,28 @@ fn echo<P: Provider>(
                     posted
                 }
                 WcOpcode::Send => {
+                    // Every echo up to this one is retired: their buffers
+                    // are reposted, a batch to a post.
                     let mut r = Ok(());
-                    while let Some(b) = unretired[c].pop_front() {
-                        r = r.and(qps[c].post_recv(&[RecvWr {
+                    let mut batch = [RecvWr {
+                        wr_id: 0,
+                        sge: bufs.sge(0, 0),
+                    }; 16];
+                    let mut n = 0;
+                    let mut last = false;
+                    while !last {
+                        let Some(b) = unretired[c].pop_front() else {
+                            break;
+                        };
+                        last = b == i;
+                        batch[n] = RecvWr {
                             wr_id: RECV_BIT | b as u64,
                             sge: bufs.sge(b, bufs.bufs[b].len),
-                        }]));
-                        if b == i {
-                            break;
+                        };
+                        n += 1;
+                        if n == batch.len() || last || unretired[c].is_empty() {
+                            r = r.and(qps[c].post_recv(&batch[..n]));
+                            n = 0;
                         }
                     }
                     r
