@@ -90,6 +90,9 @@ struct SendRing {
     head: u32,
     /// Retired so far (wrapping).
     tail: u32,
+    /// The position just past the latest signaled Send (or drain marker):
+    /// the Sends after it are unsignaled, retired by a later one.
+    signaled_end: u32,
 }
 
 impl SendRing {
@@ -98,6 +101,7 @@ impl SendRing {
             ids: vec![0; capacity.next_power_of_two() as usize].into_boxed_slice(),
             head: 0,
             tail: 0,
+            signaled_end: 0,
         }
     }
 
@@ -109,13 +113,17 @@ impl SendRing {
         self.ids.len() as u32 - 1
     }
 
-    /// Records a posted Send. Never full: Sends in flight are bounded by
-    /// the send depth, which is clamped to [`SEND_RING`].
-    fn push(&mut self, id: u64) {
+    /// Records a posted Send, and whether it asked for a completion. Never
+    /// full: Sends in flight are bounded by the send depth, which is
+    /// clamped to [`SEND_RING`].
+    fn push(&mut self, id: u64, signaled: bool) {
         debug_assert!((self.len() as usize) < self.ids.len(), "send ring full");
         let i = (self.head & self.mask()) as usize;
         self.ids[i] = id;
         self.head = self.head.wrapping_add(1);
+        if signaled {
+            self.signaled_end = self.head;
+        }
     }
 
     /// The oldest Send not yet retired.
@@ -137,23 +145,26 @@ impl SendRing {
         Some(self.ids[(self.head & self.mask()) as usize])
     }
 
-    /// Unsignaled Sends after the latest signaled one (which ends at ring
-    /// position `signaled_end`), not yet retired.
-    fn silent(&self, signaled_end: u32) -> u32 {
-        self.head.wrapping_sub(signaled_end).min(self.len())
+    /// Unsignaled Sends after the latest signaled one, not yet retired.
+    fn silent(&self) -> u32 {
+        self.head.wrapping_sub(self.signaled_end).min(self.len())
     }
 
     /// Whether the next whole-message Send asks for a completion: one in
     /// `every`, and any after pool pressure (`pressure`, the count of
     /// shortfalls and stalls, moved since `seen`, which it updates).
-    fn signal_next(&self, signaled_end: u32, every: u32, pressure: u64, seen: &mut u64) -> bool {
+    fn signal_next(&self, every: u32, pressure: u64, seen: &mut u64) -> bool {
         let moved = pressure != *seen;
         *seen = pressure;
-        self.silent(signaled_end) + 1 >= every || moved
+        self.silent() + 1 >= every || moved
     }
 
-    fn contains(&self, id: u64) -> bool {
-        (0..self.len()).any(|k| self.ids[(self.tail.wrapping_add(k) & self.mask()) as usize] == id)
+    /// How many Sends, oldest first, a completion of `id` retires (`id`
+    /// and those before it); None if `id` is not in flight.
+    fn through(&self, id: u64) -> Option<u32> {
+        (0..self.len())
+            .position(|k| self.ids[(self.tail.wrapping_add(k) & self.mask()) as usize] == id)
+            .map(|k| k as u32 + 1)
     }
 }
 
@@ -1248,9 +1259,6 @@ pub struct Endpoint<Q: QueuePair> {
     /// Sends in flight, in posting order (their buffers return when they
     /// are retired).
     sends: SendRing,
-    /// The ring position just past the latest signaled Send (or drain
-    /// marker): the Sends after it are unsignaled, retired by a later one.
-    signaled_end: u32,
     /// One whole message posted at once in this many is signaled.
     signal_every: u32,
     /// Receive shortfalls and send-buffer stalls when the latest Send was
@@ -1288,7 +1296,6 @@ impl<Q: QueuePair> Endpoint<Q> {
             recv_posted: 0,
             // One more than the deepest send queue: the drain marker.
             sends: SendRing::new(SEND_RING + 1),
-            signaled_end: 0,
             signal_every: SIGNAL_EVERY,
             pressure_seen: 0,
             partial: None,
@@ -1428,7 +1435,7 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Unsignaled Sends after the latest signaled one (or drain marker),
     /// not yet retired.
     fn silent_sends(&self) -> u32 {
-        self.sends.silent(self.signaled_end)
+        self.sends.silent()
     }
 
     /// Send-queue slots in use (sends and RDMA work requests).
@@ -1439,10 +1446,7 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// Records a Send just posted, and whether it was signaled.
     #[inline]
     fn sent(&mut self, id: u64, signaled: bool) {
-        self.sends.push(id);
-        if signaled {
-            self.signaled_end = self.sends.head;
-        }
+        self.sends.push(id, signaled);
         self.stats.sends_posted += 1;
     }
 
@@ -1451,15 +1455,12 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// done, the unsignaled ones silently), returning their buffers.
     fn retire_sends_through(&mut self, wr_id: u64, alloc: &mut SliceAllocator) {
         // Every Send the endpoint posts is in the ring; a completion of one
-        // that is not would retire Sends still in flight.
-        debug_assert!(self.sends.contains(wr_id), "completion of an unknown Send");
-        if !self.sends.contains(wr_id) {
-            return;
-        }
-        while let Some(id) = self.sends.pop_front() {
-            self.retire_send(id, alloc);
-            if id == wr_id {
-                break;
+        // that is not must retire nothing (those in flight still are).
+        let n = self.sends.through(wr_id);
+        debug_assert!(n.is_some(), "completion of an unknown Send");
+        for _ in 0..n.unwrap_or(0) {
+            if let Some(id) = self.sends.pop_front() {
+                self.retire_send(id, alloc);
             }
         }
     }
@@ -1509,8 +1510,7 @@ impl<Q: QueuePair> Endpoint<Q> {
         }
         match self.qp.drain_send_queue(DRAIN_WR_ID) {
             Ok(()) => {
-                self.sends.push(DRAIN_WR_ID);
-                self.signaled_end = self.sends.head;
+                self.sends.push(DRAIN_WR_ID, true);
             }
             Err(ProviderError::QueueFull) => {}
             Err(e) => {
@@ -1796,7 +1796,6 @@ impl<Q: QueuePair> Endpoint<Q> {
             recv_posted,
             stats,
             sends,
-            signaled_end,
             signal_every,
             pressure_seen,
             ..
@@ -1914,7 +1913,6 @@ impl<Q: QueuePair> Endpoint<Q> {
                     invalidate: a.invalidate,
                 },
                 signaled: sends.signal_next(
-                    *signaled_end,
                     *signal_every,
                     stats.receive_shortfalls + stats.pool_stalls,
                     pressure_seen,
@@ -1962,10 +1960,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 }
             }
             if let Some(w) = &reply_wr {
-                sends.push(w.wr_id);
-                if w.signaled {
-                    *signaled_end = sends.head;
-                }
+                sends.push(w.wr_id, w.signaled);
                 stats.sends_posted += 1;
                 r.stats.replies_chained += 1;
             }
@@ -2227,7 +2222,6 @@ impl<Q: QueuePair> Endpoint<Q> {
         msg: BufId,
     ) -> bool {
         let signaled = self.sends.signal_next(
-            self.signaled_end,
             self.signal_every,
             self.stats.receive_shortfalls + self.stats.pool_stalls,
             &mut self.pressure_seen,
