@@ -382,8 +382,11 @@ fn peer_process_death_surfaces_as_connection_loss() {
         .qp()
         .grant(1, sge, Access::RemoteWrite, false)
         .expect("grant");
+    // The peer's hello says its receives are posted; only after our
+    // answer may it die (its death could beat the grant before).
     let (tag, _, _) = n.recv();
     assert_eq!(tag, TAG_HELLO);
+    n.send(TAG_GRANTS, &[], None);
     let status = { child }.wait().expect("wait for the peer");
     assert_eq!(
         status.signal(),
@@ -443,7 +446,11 @@ fn peer_process_entry_point() {
     match role.as_str() {
         "client" => client(&mut n, &anon),
         "die" => {
+            // Says hello, waits for the parent's answer (its grant is
+            // made), then dies.
             n.send(TAG_HELLO, &[], None);
+            let (tag, _, _) = n.recv();
+            assert_eq!(tag, TAG_GRANTS);
             // SAFETY: kill(2) on our own pid; no memory is involved.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             unreachable!("SIGKILL");
