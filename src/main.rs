@@ -150,7 +150,9 @@ struct ServeArgs {
     /// One pinned worker per core [default: all cores but the first].
     #[arg(long)]
     cores: Option<String>,
-    /// Outstanding upper-layer requests per connection; sizes queue pairs.
+    /// Outstanding upper-layer requests per connection; sizes queue pairs
+    /// and each connection's table of RDMA operations in flight (a request
+    /// beyond it waits for a transfer to finish).
     #[arg(long, default_value_t = 32)]
     queue_depth: u32,
     /// Connections admitted at once; more are refused.

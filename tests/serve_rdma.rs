@@ -335,6 +335,74 @@ fn rdma_reads_beyond_a_small_ord_are_queued_and_every_byte_still_arrives() {
     terminate(d);
 }
 
+/// `--queue-depth 2` gives each connection a table of two RDMA operations.
+/// Eight echoes sent at once fill it: the requests beyond it wait in order
+/// until a transfer finishes (`rdma_table_waits`), instead of being handed
+/// to the upper layer, refused (RdmaBusy) and retried on every turn of the
+/// worker's loop, which counted a pool stall per retry. Every echo's bytes
+/// arrive, and its reply comes in request order.
+#[test]
+fn requests_beyond_the_rdma_table_wait_for_a_slot_and_are_not_retried() {
+    let _serial = serial();
+    let port = free_port();
+    let d = spawn(port, &["--queue-depth", "2"]);
+    let provider = SoftProvider::new().unwrap();
+    let (pool, mr) = client_pool(&provider, 1);
+    let mut c = connect(&provider, port, &pool, mr, 0, None);
+    let src = c.alloc_buffer(8 << 20).unwrap();
+    let dst = c.alloc_buffer(8 << 20).unwrap();
+    const N: usize = 8;
+    const LEN: usize = 512 << 10;
+    let mut grants = Vec::new();
+    for i in 0..N {
+        let data = pattern(LEN, 100 + i as u64);
+        assert!(c.write_buffer(src, i << 20, &data));
+        assert!(c.write_buffer(dst, i << 20, &vec![0x5a; LEN]));
+        let r = c.grant(src, i << 20, LEN, Access::RemoteRead).unwrap();
+        let w = c.grant(dst, i << 20, LEN, Access::RemoteWrite).unwrap();
+        grants.push((r, w));
+    }
+    for (i, (r, w)) in grants.iter().enumerate() {
+        // the length tells the replies apart: they must come in order
+        let len = (LEN - i) as u32;
+        c.send(&rdma_echo_request(len, &wire(&[*r]), &wire(&[*w]), 0))
+            .expect("send");
+    }
+    for i in 0..N {
+        let (status, moved) = c
+            .recv_with(Duration::from_secs(60), |m| {
+                parse_rdma_done(m).expect("an RDMADONE reply")
+            })
+            .expect("reply");
+        assert_eq!(
+            (status, moved as usize),
+            (STATUS_SUCCESS, LEN - i),
+            "echo {i}"
+        );
+        let mut back = vec![0u8; LEN];
+        assert!(c.read_buffer(dst, i << 20, &mut back));
+        let want = pattern(LEN, 100 + i as u64);
+        assert!(back[..LEN - i] == want[..LEN - i], "echo {i}: data differs");
+        assert!(
+            back[LEN - i..].iter().all(|&b| b == 0x5a),
+            "echo {i}: wrote past its length"
+        );
+    }
+    let doc = stats_json(&d);
+    assert!(
+        field(&doc, "rdma_table_waits") >= 1,
+        "eight echoes against a table of two never waited: {doc}"
+    );
+    assert_eq!(field(&doc, "pool_stalls"), 0, "{doc}");
+    assert_eq!(field(&doc, "rdma_errors"), 0, "{doc}");
+    for (r, w) in grants {
+        c.revoke(r.rkey).unwrap();
+        c.revoke(w.rkey).unwrap();
+    }
+    let _ = c.close(Duration::from_secs(2));
+    terminate(d);
+}
+
 #[test]
 fn malformed_rdma_requests_are_answered_invalid_parameter_and_the_connection_stays_up() {
     let _serial = serial();

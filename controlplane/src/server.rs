@@ -41,7 +41,8 @@ pub struct ServerConfig {
     pub cp_core: Option<usize>,
     /// SMB Direct parameters.
     pub smbd: SmbdConfig,
-    /// Outstanding upper-layer requests per connection (sizes queue pairs).
+    /// Outstanding upper-layer requests per connection: sizes queue pairs
+    /// and each connection's table of RDMA operations in flight.
     pub queue_depth: u32,
     /// Admission limit.
     pub max_connections: usize,
@@ -343,7 +344,11 @@ pub fn start<P: Provider, U: UpperLayer>(
             st.clone(),
         )
         .with_capture(capture.clone())
-        .with_doorbells(bell.clone(), cp_bell.clone());
+        .with_doorbells(bell.clone(), cp_bell.clone())
+        // One RDMA operation slot per outstanding request: a connection
+        // that keeps its queue depth of READs or WRITEs in flight finds a
+        // slot for each (the worker holds further requests back).
+        .with_rdma_ops_per_connection(cfg.queue_depth.max(1) as usize);
         let ready = ready_tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("dp-worker-{i}"))

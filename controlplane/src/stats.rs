@@ -189,7 +189,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{},\"rdma_table_waits\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -210,7 +210,8 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.rdma_read_bytes,
         t.rdma_write_bytes,
         t.rdma_posts,
-        t.replies_chained
+        t.replies_chained,
+        t.rdma_table_waits
     );
 }
 

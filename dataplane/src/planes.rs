@@ -361,6 +361,9 @@ pub struct WorkerStats {
     pub rdma_posts: AtomicU64,
     /// READ responses that went in their RDMA Write's `post_send`.
     pub replies_chained: AtomicU64,
+    /// Times a connection's next message waited for a free slot in its
+    /// RDMA operation table (all its operations in flight).
+    pub rdma_table_waits: AtomicU64,
     /// Set when the worker thread has exited.
     pub exited: AtomicBool,
 }
@@ -400,6 +403,7 @@ impl WorkerStats {
             rdma_write_bytes: g(&self.rdma_write_bytes),
             rdma_posts: g(&self.rdma_posts),
             replies_chained: g(&self.replies_chained),
+            rdma_table_waits: g(&self.rdma_table_waits),
         }
     }
 }
@@ -449,6 +453,8 @@ pub struct WorkerStatsSnapshot {
     pub rdma_posts: u64,
     /// READ responses posted with their RDMA Write.
     pub replies_chained: u64,
+    /// Messages that waited for a free RDMA operation slot.
+    pub rdma_table_waits: u64,
 }
 
 impl core::ops::AddAssign for WorkerStatsSnapshot {
@@ -474,6 +480,7 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.rdma_write_bytes += o.rdma_write_bytes;
         self.rdma_posts += o.rdma_posts;
         self.replies_chained += o.replies_chained;
+        self.rdma_table_waits += o.rdma_table_waits;
     }
 }
 

@@ -135,6 +135,9 @@ struct Slot<Q: QueuePair> {
     shortfalls_seen: u64,
     /// The endpoint's RDMA counters already added to the worker's.
     rdma_seen: RdmaStats,
+    /// Delivery is waiting for a free slot in the connection's RDMA
+    /// operation table (counted once per wait in `rdma_table_waits`).
+    rdma_wait: bool,
 }
 
 impl<Q: QueuePair> Slot<Q> {
@@ -682,6 +685,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             wakes: VecDeque::with_capacity(self.cfg.smbd.receive_credit_max as usize + 2),
             shortfalls_seen: 0,
             rdma_seen: RdmaStats::default(),
+            rdma_wait: false,
         });
         self.by_qp.insert(qp_id, i);
         self.last_qp = None;
@@ -943,6 +947,23 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             return false;
         }
         while let Some(d) = slot.deferred.front() {
+            // Intake follows the RDMA engine: with every operation slot of
+            // the connection taken, a request that needs one could only be
+            // refused (RdmaBusy) and run again from a wake, as often as the
+            // loop turns, until a transfer finishes: at 64 READs in flight
+            // against a table of 32 that doubled the worker's cost per
+            // READ. The message waits here instead, in order, until a
+            // finished operation frees a slot (its completion marks the
+            // slot for service). A connection whose upper layer uses no
+            // RDMA never fills its table.
+            if slot.ep.rdma().is_some_and(|r| !r.has_room()) {
+                if !slot.rdma_wait {
+                    slot.rdma_wait = true;
+                    WorkerStats::add(&self.stats.rdma_table_waits, 1);
+                }
+                break;
+            }
+            slot.rdma_wait = false;
             let space = slot.ep.connection().send_queue_space().min(MAX_REPLIES);
             let mut queued = [QueuedReply::EMPTY; MAX_REPLIES];
             let max_read_write = slot.ep.connection().params().max_read_write_size;
