@@ -150,6 +150,24 @@ impl<Q: QueuePair> Slot<Q> {
         d
     }
 
+    /// Whether a service pass would find nothing to do for this connection
+    /// now: no message, wake or RDMA operation waiting for the upper layer
+    /// or the provider, nothing for the connection to transmit (queued
+    /// messages, a grant, a keepalive answer), no receive shortfall not yet
+    /// counted, not closing. True after an express delivery whose replies
+    /// all went out at once.
+    fn settled(&self) -> bool {
+        self.closing.is_none()
+            && self.deferred.is_empty()
+            && self.wakes.is_empty()
+            && !self.ep.connection().transmit_pending()
+            && self.ep.stats().receive_shortfalls == self.shortfalls_seen
+            && self
+                .ep
+                .rdma()
+                .map_or(true, |r| r.waiting() == 0 && r.peek_done().is_none())
+    }
+
     /// Adds what the connection's RDMA counters gained since the last call
     /// to the worker's (after a flush, and at close).
     fn add_rdma_stats(&mut self, stats: &WorkerStats) {
@@ -783,6 +801,16 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             // (RDMA transfers above all) stays with the service pass, which
             // posts a whole poll batch's transfers together.
             self.deliver_deferred(i);
+            if let Some(slot) = self.slots[i].as_mut() {
+                if slot.settled() {
+                    // Nothing left for the service pass (it would find
+                    // nothing to flush and no counter moved): the message
+                    // and its replies cost one pass of the connection's
+                    // state, not two. Its timers may have moved.
+                    slot.dirty = false;
+                    slot.next_timer = slot.ep.connection().poll_timeout();
+                }
+            }
         }
         let Some(slot) = self.slots[i].as_ref() else {
             return;
