@@ -2011,7 +2011,12 @@ impl<Q: QueuePair> Endpoint<Q> {
                         o.reply = Some(a);
                     }
                 }
-                r.pending.remove(i);
+                // Usually the oldest: operations are posted in order.
+                if i == 0 {
+                    r.pending.pop_front();
+                } else {
+                    r.pending.remove(i);
+                }
             } else {
                 i += 1;
             }
