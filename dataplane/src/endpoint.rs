@@ -470,6 +470,44 @@ fn alloc_at_least(
     }
 }
 
+/// Sends one `flush` posts together (one doorbell).
+const SEND_BATCH: usize = 16;
+
+/// The Sends `flush` has built and not yet posted: each one's send buffer
+/// (header; its release stash written), the message buffer its completion
+/// releases (RELEASE_NONE: none), its SGEs and invalidation.
+struct SendBatch {
+    n: usize,
+    sbufs: [BufId; SEND_BATCH],
+    releases: [u64; SEND_BATCH],
+    sges: [[Sge; 2]; SEND_BATCH],
+    nsge: [usize; SEND_BATCH],
+    invalidate: [Option<u32>; SEND_BATCH],
+}
+
+impl SendBatch {
+    fn new() -> Self {
+        SendBatch {
+            n: 0,
+            sbufs: [BufId::from_bits(0); SEND_BATCH],
+            releases: [RELEASE_NONE; SEND_BATCH],
+            sges: [[Chain::EMPTY_SGE; 2]; SEND_BATCH],
+            nsge: [0; SEND_BATCH],
+            invalidate: [None; SEND_BATCH],
+        }
+    }
+
+    fn push(&mut self, sbuf: BufId, release: u64, sges: [Sge; 2], nsge: usize, inv: Option<u32>) {
+        let k = self.n;
+        self.sbufs[k] = sbuf;
+        self.releases[k] = release;
+        self.sges[k] = sges;
+        self.nsge[k] = nsge;
+        self.invalidate[k] = inv;
+        self.n = k + 1;
+    }
+}
+
 /// One chain of RDMA work requests: per work request, its SGEs (one into
 /// the op's data buffer, or up to [`RDMA_MAX_SGE`] pieces of a zero-copy
 /// op) and the peer buffer it moves to or from.
@@ -2277,16 +2315,29 @@ impl<Q: QueuePair> Endpoint<Q> {
         if self.rdma.as_ref().is_some_and(|r| !r.pending.is_empty()) {
             self.post_rdma_with(Some(alloc))?;
         }
+        if !self.conn.transmit_pending() {
+            // Nothing to say (the common case): no batch to set up.
+            return Ok(true);
+        }
+        // Sends built by the general path go out together, up to
+        // SEND_BATCH in one `post_send` (one doorbell: on rdma_rxe one
+        // system call, not one per segment of a fragmented message).
+        let mut batch = SendBatch::new();
         loop {
             if !self.conn.transmit_pending() {
                 // Nothing to say: no send buffer to reserve and give back.
+                self.post_batch(alloc, &mut batch)?;
                 return Ok(true);
             }
-            if self.sq_used() >= self.send_depth {
+            if self.sq_used() + batch.n as u32 >= self.send_depth {
+                self.post_batch(alloc, &mut batch)?;
                 return Ok(true); // completions will call us again
             }
             if self.in_place_sends && self.capture.is_none() {
                 if let Some(ps) = self.conn.next_in_place() {
+                    // Whatever is built goes first: the send queue keeps
+                    // the connection's order.
+                    self.post_batch(alloc, &mut batch)?;
                     match self.flush_in_place(now, alloc, ps)? {
                         InPlaceSend::Posted => continue,
                         InPlaceSend::Nothing => return Ok(true),
@@ -2299,10 +2350,14 @@ impl<Q: QueuePair> Endpoint<Q> {
             let (sbuf, loc) = match send_buffer(&self.pool, alloc) {
                 Ok(Some(b)) => b,
                 Ok(None) => {
+                    self.post_batch(alloc, &mut batch)?;
                     self.stats.pool_stalls += 1;
                     return Ok(false);
                 }
-                Err(()) => return Err(self.fail(EndpointError::PoolExhausted)),
+                Err(()) => {
+                    self.post_batch(alloc, &mut batch)?;
+                    return Err(self.fail(EndpointError::PoolExhausted));
+                }
             };
             // SAFETY: sbuf was just allocated and is exclusively ours; `loc`
             // is its live location in the pool's mapping.
@@ -2314,6 +2369,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             // the gather puts on the wire).
             let Some(t) = self.poll_transmit(now, alloc, out) else {
                 let _ = alloc.free(sbuf);
+                self.post_batch(alloc, &mut batch)?;
                 if let Some(r) = self.conn.terminated() {
                     return Err(self.fail(EndpointError::Terminated(r)));
                 }
@@ -2328,6 +2384,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 let end = ps.offset as usize + ps.len as usize;
                 let Some(mloc) = self.pool.locate(msg).filter(|l| end <= l.len) else {
                     let _ = alloc.free(sbuf);
+                    self.post_batch(alloc, &mut batch)?;
                     return Err(self.fail(EndpointError::PoolExhausted));
                 };
                 sges[1] = self
@@ -2353,34 +2410,66 @@ impl<Q: QueuePair> Endpoint<Q> {
                     .map_or(CaptureOp::Send, CaptureOp::SendWithInvalidate);
                 h.record_parts(c, Direction::Sent, op, &[&out[..t.header_len], payload]);
             }
-            let wr = [SendWr {
-                wr_id: wr_id(KIND_SEND, sbuf),
-                op: SendOp::Send {
-                    sges: &sges[..nsge],
-                    invalidate: t.invalidate_token,
-                },
-                signaled: true,
-            }];
-            if let Err(_e) = self.qp.post_send(&wr) {
-                let _ = alloc.free(sbuf);
-                if release != RELEASE_NONE {
-                    let _ = alloc.free(BufId::from_bits(release));
-                }
-                self.conn.handle_connection_lost();
-                return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
-            }
-            if nsge == 2 {
-                // A segment before the last one: the message stays queued
-                // and this Send reads it.
-                self.partial = (release == RELEASE_NONE).then_some(sbuf);
-            }
-            self.sent(wr_id(KIND_SEND, sbuf), true);
+            batch.push(sbuf, release, sges, nsge, t.invalidate_token);
             if t.disconnect_after {
                 // The failure negotiate response is on its way; the caller
                 // disconnects once it completes.
+                self.post_batch(alloc, &mut batch)?;
                 return Ok(true);
             }
+            if batch.n == SEND_BATCH {
+                self.post_batch(alloc, &mut batch)?;
+            }
         }
+    }
+
+    /// Posts the Sends `flush` built, in one `post_send`, and empties
+    /// `b`. A refused post fails the endpoint: a lone Send was not posted,
+    /// and its buffers go home now (as before batching); of a chain, the
+    /// provider may have posted a prefix (verbs stops at the first bad
+    /// request), so every Send of it is kept as if posted but unsignaled:
+    /// the completions of those that went out, or the drain marker at
+    /// teardown ([`Endpoint::drain_sends`]), return their buffers, never
+    /// while the device may still read them.
+    fn post_batch(
+        &mut self,
+        alloc: &mut SliceAllocator,
+        b: &mut SendBatch,
+    ) -> Result<(), EndpointError> {
+        let n = core::mem::take(&mut b.n);
+        if n == 0 {
+            return Ok(());
+        }
+        let wrs: [SendWr<'_>; SEND_BATCH] = core::array::from_fn(|k| SendWr {
+            wr_id: wr_id(KIND_SEND, b.sbufs[k]),
+            op: SendOp::Send {
+                sges: &b.sges[k][..b.nsge[k]],
+                invalidate: b.invalidate[k],
+            },
+            signaled: true,
+        });
+        let posted = self.qp.post_send(&wrs[..n]).is_ok();
+        if !posted && n == 1 {
+            let _ = alloc.free(b.sbufs[0]);
+            if b.releases[0] != RELEASE_NONE {
+                let _ = alloc.free(BufId::from_bits(b.releases[0]));
+            }
+            self.conn.handle_connection_lost();
+            return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
+        }
+        for k in 0..n {
+            if b.nsge[k] == 2 {
+                // A segment before the last one: the message stays queued
+                // and this Send reads it.
+                self.partial = (b.releases[k] == RELEASE_NONE).then_some(b.sbufs[k]);
+            }
+            self.sent(wr_id(KIND_SEND, b.sbufs[k]), posted);
+        }
+        if !posted {
+            self.conn.handle_connection_lost();
+            return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
+        }
+        Ok(())
     }
 
     /// [`Connection::poll_transmit`] into `header`, receives posted
@@ -3120,7 +3209,13 @@ mod tests {
         let mut r = established_rig();
         let (id, msg) = queued_message(&mut r);
         r.ep.send(id, msg.len() as u32).unwrap();
+        let posts = r.ep.qp().chains.len();
         r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        assert_eq!(
+            r.ep.qp().chains[posts..],
+            [3],
+            "the three segments in one post_send (one doorbell)"
+        );
         let sends = std::mem::take(&mut r.ep.qp_mut().sends);
         assert_eq!(sends.len(), 3);
         let mut whole = Vec::new();
@@ -3144,6 +3239,38 @@ mod tests {
         assert_eq!(done, 3);
         assert!(r.pool.locate(id).is_none());
         assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
+    }
+
+    #[test]
+    fn a_refused_post_of_segments_fails_the_connection_and_every_buffer_comes_home() {
+        // The provider refuses the chain of three segments (a provider may
+        // have posted a prefix of it: verbs stops at the first bad request).
+        // They are kept as posted but unsignaled, and the drain marker at
+        // close returns their send buffers and the message's.
+        let mut r = established_rig();
+        let before = home(&r);
+        let (id, msg) = queued_message(&mut r);
+        r.ep.send(id, msg.len() as u32).unwrap();
+        r.ep.qp_mut().broken = true;
+        r.ep.qp_mut().refuse_posts = true;
+        assert!(r.ep.flush(Instant::ZERO, &mut r.alloc).is_err());
+        assert!(r.ep.failure().is_some());
+        assert!(
+            r.pool.locate(id).is_some(),
+            "freed while a Send may read it"
+        );
+        r.ep.close(&mut r.alloc);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        r.ep.release_rdma(&mut r.alloc);
+        assert_eq!(r.ep.qp().drains, 1, "one drain marker");
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert!(r.pool.locate(id).is_none());
+        assert_eq!(r.ep.outstanding() - u64::from(r.ep.recv_posted), 0);
+        assert_eq!(home(&r), before);
     }
 
     #[test]
@@ -3716,8 +3843,8 @@ mod tests {
         assert_eq!(r.ep.rdma().unwrap().stats().replies_chained, 0);
         assert_eq!(
             r.ep.qp().chains[posts_before..],
-            [1, 1, 1],
-            "Write, message, reply"
+            [1, 2],
+            "the Write, then the message and the reply in one post"
         );
         let order: Vec<WcOpcode> = r.ep.qp().sq.iter().map(|e| e.4).collect();
         assert_eq!(order, [WcOpcode::RdmaWrite, WcOpcode::Send, WcOpcode::Send]);
