@@ -717,13 +717,18 @@ impl RdmaOps {
     /// operations mostly finish in the order they were requested, so the
     /// next slot is usually free (no scan of a table full of live ones).
     fn free_slot(&mut self) -> Option<usize> {
-        let n = self.ops.len();
-        let from = self.scan_from.min(n);
-        let slot = (from..n)
-            .chain(0..from)
-            .find(|&i| self.ops[i].state == OpState::Free)?;
+        let slot = self.next_free()?;
         self.scan_from = slot + 1;
         Some(slot)
+    }
+
+    /// The slot [`RdmaOps::free_slot`] would take next, if any.
+    fn next_free(&self) -> Option<usize> {
+        let n = self.ops.len();
+        let from = self.scan_from.min(n);
+        (from..n)
+            .chain(0..from)
+            .find(|&i| self.ops[i].state == OpState::Free)
     }
 
     /// Whether a new operation would find a free slot. O(1) while
@@ -731,11 +736,7 @@ impl RdmaOps {
     /// the last one taken is free); a scan of the table only when it is
     /// (nearly) full.
     pub fn has_room(&self) -> bool {
-        let n = self.ops.len();
-        let from = self.scan_from.min(n);
-        (from..n)
-            .chain(0..from)
-            .any(|i| self.ops[i].state == OpState::Free)
+        self.next_free().is_some()
     }
 
     fn take_ticket(&mut self) -> Ticket {
