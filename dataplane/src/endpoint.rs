@@ -2455,16 +2455,15 @@ impl<Q: QueuePair> Endpoint<Q> {
             if b.releases[0] != RELEASE_NONE {
                 let _ = alloc.free(BufId::from_bits(b.releases[0]));
             }
-            self.conn.handle_connection_lost();
-            return Err(self.fail(EndpointError::Provider(WcStatus::Flushed)));
-        }
-        for k in 0..n {
-            if b.nsge[k] == 2 {
-                // A segment before the last one: the message stays queued
-                // and this Send reads it.
-                self.partial = (b.releases[k] == RELEASE_NONE).then_some(b.sbufs[k]);
+        } else {
+            for k in 0..n {
+                if b.nsge[k] == 2 {
+                    // A segment before the last one: the message stays
+                    // queued and this Send reads it.
+                    self.partial = (b.releases[k] == RELEASE_NONE).then_some(b.sbufs[k]);
+                }
+                self.sent(wr_id(KIND_SEND, b.sbufs[k]), posted);
             }
-            self.sent(wr_id(KIND_SEND, b.sbufs[k]), posted);
         }
         if !posted {
             self.conn.handle_connection_lost();
