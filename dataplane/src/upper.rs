@@ -680,6 +680,7 @@ pub trait UpperLayer: Send + 'static {
 #[derive(Debug)]
 pub struct UpperIo<'a> {
     pub(crate) wakes: &'a mut VecDeque<(ConnId, u64)>,
+    pub(crate) parked: &'a mut VecDeque<(ConnId, u64)>,
     pub(crate) events: &'a mut VecDeque<UpperEvent>,
     pub(crate) stats: &'a WorkerStats,
     /// Events the control plane's ring takes now (see
@@ -692,6 +693,17 @@ impl UpperIo<'_> {
     /// the connection is gone).
     pub fn wake(&mut self, conn: ConnId, token: u64) {
         self.wakes.push_back((conn, token));
+    }
+
+    /// Schedules [`UpperLayer::on_wake`] for `token` of `conn` once the
+    /// worker has done something that may free a pool buffer, a send-queue
+    /// entry or an RDMA operation slot: polled a completion, taken a
+    /// control message, closed a connection, or run its 1 ms timer scan.
+    /// For a held request that was refused one of them ([`Backpressure`]):
+    /// a plain [`UpperIo::wake`] would run it again on the loop's next
+    /// turn, and on every turn after, while nothing has changed.
+    pub fn wake_when_freed(&mut self, conn: ConnId, token: u64) {
+        self.parked.push_back((conn, token));
     }
 
     /// Sends an event to the control plane (ordered, never dropped: a full

@@ -138,6 +138,11 @@ struct Slot<Q: QueuePair> {
     /// Delivery is waiting for a free slot in the connection's RDMA
     /// operation table (counted once per wait in `rdma_table_waits`).
     rdma_wait: bool,
+    /// The upper layer pushed back (a pool buffer, a send-queue entry or
+    /// an RDMA slot missing) when the worker's progress count stood at
+    /// this value: its calls wait until the count moves ([`Worker::
+    /// progress`]), not for the next turn of the loop.
+    stalled: Option<u64>,
 }
 
 impl<Q: QueuePair> Slot<Q> {
@@ -253,6 +258,29 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// come in runs per queue pair): `by_qp` is looked up only on a change.
     /// Forgotten when a slot is freed.
     last_qp: Option<(QpId, usize)>,
+    /// Counts what may have freed a resource the upper layer was refused:
+    /// a poll that returned completions (Sends give back send-queue
+    /// entries and buffers, RDMA operations their table slots and data
+    /// buffers), a control message (a close, a buffer handed back), a
+    /// connection closed, the 1 ms timer scan (buffers freed elsewhere,
+    /// e.g. by another thread, at the latest). A call refused for want of
+    /// one ([`Slot::stalled`], [`UpperIo::wake_when_freed`]) is made again
+    /// only once this moved: before, it was made again on every turn of
+    /// the loop, executing the request from scratch each time.
+    progress: u64,
+    /// A slot stalled at the current `progress` (the next move of it asks
+    /// for a service pass).
+    stall_waiting: bool,
+    /// Tokens the upper layer asked to be woken once `progress` moves
+    /// ([`UpperIo::wake_when_freed`]), with the count when asked.
+    parked: VecDeque<(ConnId, u64, u64)>,
+    /// Where [`UpperIo::wake_when_freed`] puts them during a poll.
+    upper_parked: VecDeque<(ConnId, u64)>,
+    /// The progress count at the first upper-layer call since its last
+    /// poll: what a token it parks in that poll was refused at (the
+    /// refusal happened in such a call; the count may have moved since,
+    /// and then the token is due at once).
+    calls_from: Option<u64>,
 }
 
 impl<P: Provider, U: UpperLayer> core::fmt::Debug for Worker<P, U> {
@@ -312,6 +340,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             told: false,
             needs_service: true,
             last_qp: None,
+            progress: 0,
+            stall_waiting: false,
+            parked: VecDeque::with_capacity(1024),
+            upper_parked: VecDeque::with_capacity(1024),
+            calls_from: None,
         }
     }
 
@@ -440,6 +473,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let n = self.cq.poll(&mut wcs);
             if n > 0 {
                 work = true;
+                self.progressed();
                 // `on_completion` asks for the service pass where a
                 // completion left something to do.
                 let now = self.now();
@@ -447,10 +481,13 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     self.on_completion(now, wc);
                 }
             }
-            while let Some(m) = self.inbox.pop() {
-                work = true;
-                self.needs_service = true;
-                self.on_control(m);
+            if !self.inbox.is_empty() {
+                self.progressed();
+                while let Some(m) = self.inbox.pop() {
+                    work = true;
+                    self.needs_service = true;
+                    self.on_control(m);
+                }
             }
             if !self.orphans.is_empty() {
                 self.needs_service = true;
@@ -472,6 +509,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             if tick.saturating_sub(last_timer_scan) >= timer_scan {
                 last_timer_scan = tick;
                 self.fire_timers();
+                self.progressed();
                 self.needs_service = true;
             }
             self.flush_pending_out();
@@ -539,6 +577,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             || !self.refused.is_empty()
             || !self.pending_out.is_empty()
             || !self.inbox.is_empty()
+            || !self.parked.is_empty()
+            || self.stall_waiting
             || self.upper.busy()
         {
             return false;
@@ -568,6 +608,17 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 let _ = self.alloc.free(BufId::from_bits(bits));
                 break;
             }
+        }
+    }
+
+    /// Something happened that may have freed what a stalled call lacked
+    /// (see [`Worker::progress`]).
+    #[inline]
+    fn progressed(&mut self) {
+        self.progress = self.progress.wrapping_add(1);
+        if self.stall_waiting {
+            self.stall_waiting = false;
+            self.needs_service = true;
         }
     }
 
@@ -622,11 +673,25 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         };
         let mut io = UpperIo {
             wakes: &mut self.upper_wakes,
+            parked: &mut self.upper_parked,
             events: &mut self.upper_events,
             stats: &self.stats,
             control_room,
         };
         let mut any = self.upper.poll(now, &mut io);
+        let at = self.calls_from.take().unwrap_or(self.progress);
+        while let Some((conn, token)) = self.upper_parked.pop_front() {
+            self.parked.push_back((conn, token, at));
+        }
+        // Parked tokens are due once the progress count moved past the
+        // one they were parked at (in order: the counts only grow).
+        while let Some(&(conn, token, at)) = self.parked.front() {
+            if at == self.progress {
+                break; // the ones behind it were parked later
+            }
+            self.parked.pop_front();
+            self.upper_wakes.push_back((conn, token));
+        }
         while let Some((conn, token)) = self.upper_wakes.pop_front() {
             any = true;
             if let Some(&i) = self.by_conn.get(&conn) {
@@ -704,6 +769,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             shortfalls_seen: 0,
             rdma_seen: RdmaStats::default(),
             rdma_wait: false,
+            stalled: None,
         });
         self.by_qp.insert(qp_id, i);
         self.last_qp = None;
@@ -826,6 +892,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
     /// (backpressure, a pool stall, a close waiting for completions).
     fn service_slots(&mut self) -> bool {
         let now = self.now();
+        let progress = self.progress;
+        self.calls_from.get_or_insert(progress);
         let mut any = false;
         let mut again = false;
         let mut from = 0;
@@ -834,7 +902,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let Some(slot) = self.slots[i].as_mut() else {
                 continue;
             };
-            if slot.closing.is_none() {
+            if slot.stalled.is_some_and(|p| p != progress) {
+                slot.stalled = None;
+            }
+            if slot.closing.is_none() && slot.stalled.is_none() {
                 // Finished RDMA operations first: they belong to requests
                 // older than any message still waiting.
                 while let Some(op) = slot.ep.rdma().and_then(|r| r.peek_done()) {
@@ -885,13 +956,14 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         &mut slot.closing,
                     );
                     if !ok {
+                        slot.stalled = Some(progress);
                         break;
                     }
                     slot.dirty = true;
                     any = true;
                 }
             }
-            if slot.closing.is_none() {
+            if slot.closing.is_none() && slot.stalled.is_none() {
                 // Tokens the upper layer woke (held messages it can finish
                 // now, or operations of its own), in wake order.
                 while let Some(&token) = slot.wakes.front() {
@@ -930,6 +1002,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         &mut slot.closing,
                     );
                     if !ok {
+                        slot.stalled = Some(progress);
                         break;
                     }
                     slot.wakes.pop_front();
@@ -951,16 +1024,25 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             let Some(slot) = self.slots[i].as_mut() else {
                 continue;
             };
-            again |= slot.dirty
-                || slot.closing.is_some()
-                || !slot.deferred.is_empty()
-                || !slot.wakes.is_empty()
-                || slot.ep.rdma().is_some_and(|r| r.peek_done().is_some());
+            if slot.stalled.is_some() {
+                // Refused for a resource: looked at again once something
+                // may have freed one (`progressed`), not on the next turn.
+                self.stall_waiting = true;
+                again |= slot.closing.is_some();
+            } else {
+                again |= slot.dirty
+                    || slot.closing.is_some()
+                    || !slot.deferred.is_empty()
+                    || !slot.wakes.is_empty()
+                    || slot.ep.rdma().is_some_and(|r| r.peek_done().is_some());
+            }
             if let Some(reason) = slot.closing {
                 self.finish_close(i, reason);
             }
         }
-        self.needs_service = again;
+        // A connection closed in this pass moved the count: a slot that
+        // stalled before it may go on.
+        self.needs_service = again || self.progress != progress;
         any
     }
 
@@ -971,9 +1053,10 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             return false;
         };
         let mut any = false;
-        if slot.closing.is_some() {
+        if slot.closing.is_some() || slot.stalled == Some(self.progress) {
             return false;
         }
+        self.calls_from.get_or_insert(self.progress);
         while let Some(d) = slot.deferred.front() {
             // Intake follows the RDMA engine: with every operation slot of
             // the connection taken, a request that needs one could only be
@@ -1020,6 +1103,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 &mut slot.closing,
             );
             if !ok {
+                slot.stalled = Some(self.progress);
+                self.stall_waiting = true;
                 break;
             }
             let d = slot.deferred.pop_front().expect("front exists");
@@ -1051,6 +1136,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             Ok(true) => {}
             Ok(false) => {
                 slot.dirty = true;
+                slot.stalled = Some(self.progress);
+                self.stall_waiting = true;
                 WorkerStats::add(&self.stats.pool_stalls, 1);
             }
             Err(e) => slot.closing = Some(close_reason(e)),
@@ -1122,6 +1209,8 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         }
         let mut slot = self.slots[i].take().expect("slot present");
         self.occupied[i / 64] &= !(1 << (i % 64));
+        // Its upper layer's resources go with it (on_close, below).
+        self.progressed();
         WorkerStats::add(&self.stats.pool_stalls, slot.new_shortfalls());
         slot.add_rdma_stats(&self.stats);
         self.by_qp.remove(&slot.ep.qp().id());

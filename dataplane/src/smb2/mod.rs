@@ -541,6 +541,9 @@ struct Core {
     /// Store writes finishing after an RDMA Read, by tag.
     posts: IdMap<u64, PostWrite>,
     wakes: VecDeque<(ConnId, u64)>,
+    /// Held requests refused a resource (Backpressure): woken once the
+    /// worker may have freed one ([`UpperIo::wake_when_freed`]).
+    retries: VecDeque<(ConnId, u64)>,
     events: VecDeque<UpperEvent>,
     /// Inline READ data from the store.
     rbuf: Vec<u8>,
@@ -638,6 +641,7 @@ impl Smb2Server {
                 execs: id_map(1024),
                 posts: id_map(256),
                 wakes: VecDeque::with_capacity(1024),
+                retries: VecDeque::with_capacity(256),
                 events: VecDeque::with_capacity(256),
                 rbuf: vec![0u8; MAX_INLINE as usize],
                 sessions: 0,
@@ -945,10 +949,11 @@ impl Core {
                     }
                     Err(RdmaError::Backpressure(b)) => {
                         // Retry from a wake (the request's MessageIds are
-                        // consumed: it must not run from scratch).
+                        // consumed: it must not run from scratch), once
+                        // something may have freed what it lacked.
                         self.pool_stalls += u64::from(b == Backpressure::PoolExhausted);
                         ex.ready = true;
-                        self.wakes.push_back((ex.conn, ex.token));
+                        self.retries.push_back((ex.conn, ex.token));
                         hold = true;
                         break;
                     }
@@ -988,7 +993,7 @@ impl Core {
                 Err(RdmaError::Backpressure(b)) => {
                     self.pool_stalls += u64::from(b == Backpressure::PoolExhausted);
                     ex.ready = true;
-                    self.wakes.push_back((ex.conn, ex.token));
+                    self.retries.push_back((ex.conn, ex.token));
                     hold = true;
                 }
                 Err(e) => {
@@ -1033,7 +1038,7 @@ impl Core {
                 if !hold {
                     hold = true;
                     ex.ready = true;
-                    self.wakes.push_back((ex.conn, ex.token));
+                    self.retries.push_back((ex.conn, ex.token));
                 }
             }
         }
@@ -2638,6 +2643,9 @@ impl UpperLayer for Smb2Server {
         while let Some((c, t)) = core.wakes.pop_front() {
             io.wake(c, t);
             any = true;
+        }
+        while let Some((c, t)) = core.retries.pop_front() {
+            io.wake_when_freed(c, t);
         }
         while let Some(ev) = core.events.pop_front() {
             io.to_control(ev);
