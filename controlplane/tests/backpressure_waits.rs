@@ -6,55 +6,18 @@
 //! worker keeps it), and a held request the layer asks to be woken for
 //! again (`UpperIo::wake_when_freed`, the SMB2 server's retry).
 
-use smbdirect_controlplane::{start, ServerConfig};
+mod common;
+
+use smbdirect_controlplane::start;
 use smbdirect_dataplane::client::Client;
 use smbdirect_dataplane::planes::ConnId;
 use smbdirect_dataplane::provider::soft::SoftProvider;
-use smbdirect_dataplane::provider::{MemoryRegion, Provider};
 use smbdirect_dataplane::upper::{Backpressure, Replies, UpperIo, UpperLayer};
-use smbdirect_hugepages::{Backing, BufferPool, PoolConfig};
-use smbdirect_protocol::smbd::SmbdConfig;
 use smbdirect_protocol::time::Instant as PInstant;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn server_config() -> ServerConfig {
-    ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        worker_cores: vec![None],
-        cp_core: None,
-        smbd: SmbdConfig {
-            receive_credit_max: 32,
-            send_credit_target: 32,
-            ..SmbdConfig::default()
-        },
-        queue_depth: 8,
-        max_connections: 4,
-        pool_mem: 64 << 20,
-        idle_park: Duration::from_micros(200),
-        idle: Default::default(),
-        admin_socket: None,
-        stats_interval: None,
-        shutdown_grace: Duration::from_secs(2),
-        capture: None,
-        policies: Default::default(),
-        store_description: String::new(),
-        qos_max_flows: None,
-        qos_flow_retention: None,
-    }
-}
-
-fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
-    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
-        .backing(Backing::SharedMemfd)
-        .build()
-        .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in these tests.
-    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
-    (cpool, mr)
-}
 
 /// Echoes each message, except while `refuse` is set: then it says the
 /// pool is exhausted. `hold`: it holds every message and answers from a
@@ -130,23 +93,23 @@ fn refused_then_served(hold: bool) {
     let refuse = Arc::new(AtomicBool::new(true));
     let calls = Arc::new(AtomicU64::new(0));
     let (r, c) = (refuse.clone(), calls.clone());
-    let server = start(provider.clone(), server_config(), move || Stubborn {
-        refuse: r.clone(),
-        calls: c.clone(),
-        hold,
-        next: 0,
-        retries: VecDeque::new(),
-    })
+    let server = start(
+        provider.clone(),
+        common::server_config(1, 4, common::smbd32()),
+        move || Stubborn {
+            refuse: r.clone(),
+            calls: c.clone(),
+            hold,
+            next: 0,
+            retries: VecDeque::new(),
+        },
+    )
     .expect("server starts");
-    let (cpool, mr) = client_pool(&provider);
+    let (cpool, mr) = common::client_pool(&provider, 48 << 20, 1 << 20);
     let mut client = Client::connect(
         &*provider,
         server.local_addr(),
-        SmbdConfig {
-            receive_credit_max: 32,
-            send_credit_target: 32,
-            ..SmbdConfig::default()
-        },
+        common::smbd32(),
         cpool.claim_slice(0).unwrap(),
         mr,
         Duration::from_secs(5),

@@ -1,68 +1,36 @@
 //! The service in one process: a server on the soft provider with the echo
 //! upper layer, a client connection driven from the test thread.
 
+mod common;
+
 use smbdirect_controlplane::{start, ServerConfig};
 use smbdirect_dataplane::client::Client;
 use smbdirect_dataplane::provider::soft::SoftProvider;
-use smbdirect_dataplane::provider::{MemoryRegion, Provider};
+use smbdirect_dataplane::provider::MemoryRegion;
 use smbdirect_dataplane::upper::Echo;
-use smbdirect_hugepages::{Backing, BufferPool, PoolConfig};
+use smbdirect_hugepages::BufferPool;
 use smbdirect_protocol::smbd::SmbdConfig;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn server_config(port: u16) -> ServerConfig {
-    ServerConfig {
-        listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        worker_cores: vec![None, None],
-        cp_core: None,
-        smbd: SmbdConfig {
-            receive_credit_max: 32,
-            send_credit_target: 32,
-            ..SmbdConfig::default()
-        },
-        queue_depth: 8,
-        max_connections: 8,
-        pool_mem: 96 << 20,
-        idle_park: Duration::from_micros(200),
-        idle: Default::default(),
-        admin_socket: None,
-        stats_interval: None,
-        shutdown_grace: Duration::from_secs(2),
-        capture: None,
-        policies: Default::default(),
-        store_description: String::new(),
-        qos_max_flows: None,
-        qos_flow_retention: None,
-    }
+fn server_config() -> ServerConfig {
+    common::server_config(2, 8, common::smbd32())
 }
 
-/// A one-slice client pool, registered with `provider` (the caller keeps
-/// the pool alive as long as the provider may use it).
 fn client_pool(provider: &SoftProvider) -> (BufferPool, MemoryRegion) {
-    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, 1 << 20)
-        .backing(Backing::SharedMemfd)
-        .build()
-        .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in these tests.
-    let mr = unsafe { provider.register_pool(&cpool) }.unwrap();
-    (cpool, mr)
+    common::client_pool(provider, 48 << 20, 1 << 20)
 }
 
 #[test]
 fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
     // Port 0: the soft provider picks a free one (local_addr tells which).
-    let cfg = server_config(0);
+    let cfg = server_config();
     let server = start(provider.clone(), cfg, || Echo).expect("server starts");
     let addr = server.local_addr();
 
     let (cpool, mr) = client_pool(&provider);
-    let ccfg = SmbdConfig {
-        receive_credit_max: 32,
-        send_credit_target: 32,
-        ..SmbdConfig::default()
-    };
+    let ccfg = common::smbd32();
     let mut client = match Client::connect(
         &*provider,
         addr,
@@ -103,7 +71,7 @@ fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
 #[test]
 fn a_client_dropped_without_close_gives_every_buffer_back_to_its_slice() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
-    let server = start(provider.clone(), server_config(0), || Echo).expect("server starts");
+    let server = start(provider.clone(), server_config(), || Echo).expect("server starts");
     let addr = server.local_addr();
     let (cpool, mr) = client_pool(&provider);
     let in_use = |pool: &BufferPool| -> Vec<u32> {

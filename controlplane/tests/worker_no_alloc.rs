@@ -19,6 +19,8 @@
 //!   without its worker thread allocating once warmed up; the client thread
 //!   issuing them is counted too.
 
+mod common;
+
 use smbdirect_controlplane::{start, ServerConfig};
 use smbdirect_dataplane::client::{buffer_descriptor, Client};
 use smbdirect_dataplane::provider::soft::SoftProvider;
@@ -173,25 +175,7 @@ fn smbd() -> SmbdConfig {
 }
 
 fn server_config() -> ServerConfig {
-    ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        worker_cores: vec![None],
-        cp_core: None,
-        smbd: smbd(),
-        queue_depth: 8,
-        max_connections: 4,
-        pool_mem: 96 << 20,
-        idle_park: Duration::from_micros(200),
-        idle: Default::default(),
-        admin_socket: None,
-        stats_interval: None,
-        shutdown_grace: Duration::from_secs(2),
-        capture: None,
-        policies: Default::default(),
-        store_description: String::new(),
-        qos_max_flows: None,
-        qos_flow_retention: None,
-    }
+    common::server_config(1, 4, smbd())
 }
 
 /// Message sizes of one cycle: 1 B to a few KiB around the send-size and
@@ -308,13 +292,9 @@ fn worker_poll_loop_does_not_allocate_once_warmed_up() {
     let provider = Arc::new(SoftProvider::new().expect("soft provider"));
     let server = start(provider.clone(), server_config(), || Echo).expect("server starts");
 
-    let cpool = PoolConfig::smbdirect(48 << 20, 1, 8192, 1364, MAX_RDMA)
-        .backing(Backing::SharedMemfd)
-        .build()
-        .expect("client pool");
-    // SAFETY: the pool outlives the provider's use of it in this test (the
-    // server is shut down and the client closed before it drops).
-    let mr = unsafe { provider.register_pool(&cpool) }.expect("register the client pool");
+    // The pool outlives the provider's use of it in this test (the server
+    // is shut down and the client closed before it drops).
+    let (cpool, mr) = common::client_pool(&provider, 48 << 20, MAX_RDMA);
     let mut client = Client::connect(
         &*provider,
         server.local_addr(),
