@@ -602,9 +602,10 @@ pub trait UpperLayer: Send + 'static {
     fn name(&self) -> &'static str;
 
     /// Handles one complete message from `conn`. On `Err` the worker keeps
-    /// the message and calls again later with the same bytes, so the
-    /// handler must not have acted on it (replies and RDMA requests made
-    /// through `out` are undone).
+    /// the message and calls again with the same bytes once it has done
+    /// something that may have freed what was missing (as for
+    /// [`UpperIo::wake_when_freed`]), so the handler must not have acted
+    /// on it (replies and RDMA requests made through `out` are undone).
     fn on_message(
         &mut self,
         conn: ConnId,
