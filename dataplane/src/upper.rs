@@ -699,7 +699,8 @@ impl UpperIo<'_> {
     /// Schedules [`UpperLayer::on_wake`] for `token` of `conn` once the
     /// worker has done something that may free a pool buffer, a send-queue
     /// entry or an RDMA operation slot: polled a completion, taken a
-    /// control message, closed a connection, or run its 1 ms timer scan.
+    /// control message, closed a connection, had a [`UpperIo::wake`] from
+    /// this layer's poll, or run its 1 ms timer scan.
     /// For a held request that was refused one of them ([`Backpressure`]):
     /// a plain [`UpperIo::wake`] would run it again on the loop's next
     /// turn, and on every turn after, while nothing has changed.

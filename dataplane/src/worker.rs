@@ -262,8 +262,9 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// a poll that returned completions (Sends give back send-queue
     /// entries and buffers, RDMA operations their table slots and data
     /// buffers), a control message (a close, a buffer handed back), a
-    /// connection closed, the 1 ms timer scan (buffers freed elsewhere,
-    /// e.g. by another thread, at the latest). A call refused for want of
+    /// connection closed, an upper-layer poll that woke held requests
+    /// (its background work finished), the 1 ms timer scan (buffers freed
+    /// elsewhere, e.g. by another thread, at the latest). A call refused for want of
     /// one ([`Slot::stalled`], [`UpperIo::wake_when_freed`]) is made again
     /// only once this moved: before, it was made again on every turn of
     /// the loop, executing the request from scratch each time.
@@ -679,6 +680,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             control_room,
         };
         let mut any = self.upper.poll(now, &mut io);
+        if !self.upper_wakes.is_empty() {
+            // The layer finished background work (a store operation, a
+            // QoS dispatch, an answer from the control plane): it may have
+            // freed buffers too.
+            self.progressed();
+        }
         let at = self.calls_from.take().unwrap_or(self.progress);
         while let Some((conn, token)) = self.upper_parked.pop_front() {
             self.parked.push_back((conn, token, at));
