@@ -59,23 +59,12 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
     // A port chosen by the provider: the soft rendezvous accepts port 0.
     let smbd = SmbdConfig::default();
     let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("literal address"),
         worker_cores: vec![opts.server_core],
-        cp_core: None,
         smbd: smbd.clone(),
         queue_depth: 1,
         max_connections: 4,
-        pool_mem: 96 << 20,
         idle_park: opts.idle_park,
-        idle: Default::default(),
-        admin_socket: None,
-        stats_interval: None,
-        shutdown_grace: Duration::from_secs(2),
-        capture: None,
-        policies: Default::default(),
-        store_description: String::new(),
-        qos_max_flows: None,
-        qos_flow_retention: None,
+        ..ServerConfig::default()
     };
     let server =
         start(provider.clone(), cfg, || Echo).map_err(|e| format!("starting the server: {e}"))?;

@@ -75,6 +75,35 @@ pub struct ServerConfig {
     pub qos_flow_retention: Option<Duration>,
 }
 
+impl Default for ServerConfig {
+    /// An in-process server (tests, `bench --loopback`): 127.0.0.1 with
+    /// the port left to the provider, one unpinned worker, the [MS-SMBD]
+    /// defaults, queue depth 32, 64 connections, a 96 MiB pool, 200 us of
+    /// busy-polling before idling, no admin socket, stats line, capture
+    /// or policies. `serve` sets every field from its flags.
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            worker_cores: vec![None],
+            cp_core: None,
+            smbd: SmbdConfig::default(),
+            queue_depth: 32,
+            max_connections: 64,
+            pool_mem: 96 << 20,
+            idle_park: Duration::from_micros(200),
+            idle: IdleMode::default(),
+            admin_socket: None,
+            stats_interval: None,
+            shutdown_grace: Duration::from_secs(2),
+            capture: None,
+            policies: PolicyStore::default(),
+            store_description: String::new(),
+            qos_max_flows: None,
+            qos_flow_retention: None,
+        }
+    }
+}
+
 impl ServerConfig {
     /// Queue-pair sizes for a connection ([MS-SMBD] credits and the queue
     /// depth): every receive credit plus the negotiate and last-credit

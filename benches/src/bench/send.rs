@@ -83,21 +83,12 @@ pub(crate) fn loopback_server_config(
     ServerConfig {
         listen,
         worker_cores: opts.server_cores.clone(),
-        cp_core: None,
         smbd: loopback_smbd(opts),
         queue_depth: opts.queue_depth,
         max_connections: opts.connections,
         pool_mem,
         idle_park: Duration::from_millis(100),
-        idle: Default::default(),
-        admin_socket: None,
-        stats_interval: None,
-        shutdown_grace: Duration::from_secs(2),
-        capture: None,
-        policies: Default::default(),
-        store_description: String::new(),
-        qos_max_flows: None,
-        qos_flow_retention: None,
+        ..ServerConfig::default()
     }
 }
 

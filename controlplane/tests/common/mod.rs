@@ -7,7 +7,6 @@ use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::{MemoryRegion, Provider};
 use smbdirect_hugepages::{Backing, BufferPool, PoolConfig};
 use smbdirect_protocol::smbd::SmbdConfig;
-use std::time::Duration;
 
 /// SMB Direct parameters with 32 credits each way (the tests' pools hold
 /// them comfortably).
@@ -24,23 +23,11 @@ pub fn smbd32() -> SmbdConfig {
 /// admin socket, stats or capture.
 pub fn server_config(workers: usize, max_connections: usize, smbd: SmbdConfig) -> ServerConfig {
     ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
         worker_cores: vec![None; workers],
-        cp_core: None,
         smbd,
         queue_depth: 8,
         max_connections,
-        pool_mem: 96 << 20,
-        idle_park: Duration::from_micros(200),
-        idle: Default::default(),
-        admin_socket: None,
-        stats_interval: None,
-        shutdown_grace: Duration::from_secs(2),
-        capture: None,
-        policies: Default::default(),
-        store_description: String::new(),
-        qos_max_flows: None,
-        qos_flow_retention: None,
+        ..ServerConfig::default()
     }
 }
 
