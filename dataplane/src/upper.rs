@@ -681,7 +681,10 @@ pub trait UpperLayer: Send + 'static {
 #[derive(Debug)]
 pub struct UpperIo<'a> {
     pub(crate) wakes: &'a mut VecDeque<(ConnId, u64)>,
-    pub(crate) parked: &'a mut VecDeque<(ConnId, u64)>,
+    /// Tokens for [`UpperIo::wake_when_freed`], with the worker's progress
+    /// count they wait to see move past (`parked_at`).
+    pub(crate) parked: &'a mut VecDeque<(ConnId, u64, u64)>,
+    pub(crate) parked_at: u64,
     pub(crate) events: &'a mut VecDeque<UpperEvent>,
     pub(crate) stats: &'a WorkerStats,
     /// Events the control plane's ring takes now (see
@@ -705,7 +708,7 @@ impl UpperIo<'_> {
     /// a plain [`UpperIo::wake`] would run it again on the loop's next
     /// turn, and on every turn after, while nothing has changed.
     pub fn wake_when_freed(&mut self, conn: ConnId, token: u64) {
-        self.parked.push_back((conn, token));
+        self.parked.push_back((conn, token, self.parked_at));
     }
 
     /// Sends an event to the control plane (ordered, never dropped: a full

@@ -273,10 +273,9 @@ pub struct Worker<P: Provider, U: UpperLayer> {
     /// for a service pass).
     stall_waiting: bool,
     /// Tokens the upper layer asked to be woken once `progress` moves
-    /// ([`UpperIo::wake_when_freed`]), with the count when asked.
+    /// ([`UpperIo::wake_when_freed`]), with the count they were refused
+    /// at, oldest first.
     parked: VecDeque<(ConnId, u64, u64)>,
-    /// Where [`UpperIo::wake_when_freed`] puts them during a poll.
-    upper_parked: VecDeque<(ConnId, u64)>,
     /// The progress count at the first upper-layer call since its last
     /// poll: what a token it parks in that poll was refused at (the
     /// refusal happened in such a call; the count may have moved since,
@@ -344,7 +343,6 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             progress: 0,
             stall_waiting: false,
             parked: VecDeque::with_capacity(1024),
-            upper_parked: VecDeque::with_capacity(1024),
             calls_from: None,
         }
     }
@@ -672,9 +670,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         } else {
             0
         };
+        let parked_at = self.calls_from.take().unwrap_or(self.progress);
         let mut io = UpperIo {
             wakes: &mut self.upper_wakes,
-            parked: &mut self.upper_parked,
+            parked: &mut self.parked,
+            parked_at,
             events: &mut self.upper_events,
             stats: &self.stats,
             control_room,
@@ -685,10 +685,6 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
             // QoS dispatch, an answer from the control plane): it may have
             // freed buffers too.
             self.progressed();
-        }
-        let at = self.calls_from.take().unwrap_or(self.progress);
-        while let Some((conn, token)) = self.upper_parked.pop_front() {
-            self.parked.push_back((conn, token, at));
         }
         // Parked tokens are due once the progress count moved past the
         // one they were parked at (in order: the counts only grow).
