@@ -374,6 +374,11 @@ struct Op {
 #[derive(Debug, Clone, Copy)]
 struct AttachedReply {
     buf: BufId,
+    /// Where the reply starts in `buf`: the bytes before it are room for
+    /// its SMB Direct header (`Replies::reply_after_write` leaves
+    /// [`DATA_TRANSFER_PAYLOAD_OFFSET`] where the buffer has it), so the
+    /// reply goes as one contiguous Send with no send buffer.
+    offset: u32,
     len: u32,
     invalidate: Option<u32>,
 }
@@ -946,8 +951,9 @@ impl RdmaOps {
         Ok(ticket)
     }
 
-    /// Attaches the reply in pool buffer `buf` (`len` bytes, Send with
-    /// Invalidate of `invalidate` when given) to the RDMA Write `ticket`
+    /// Attaches the reply in pool buffer `buf` (`len` bytes from `offset`,
+    /// Send with Invalidate of `invalidate` when given; the bytes before
+    /// `offset` are the reply's header room) to the RDMA Write `ticket`
     /// staged by the handler running now: the reply is queued on the
     /// connection as soon as the Write's last work request is posted, so
     /// its Send follows the Write on the same queue pair, and the Write's
@@ -960,6 +966,7 @@ impl RdmaOps {
         &mut self,
         ticket: Ticket,
         buf: BufId,
+        offset: u32,
         len: u32,
         invalidate: Option<u32>,
     ) -> Result<(), RdmaError> {
@@ -981,6 +988,7 @@ impl RdmaOps {
         }
         op.reply = Some(AttachedReply {
             buf,
+            offset,
             len,
             invalidate,
         });
@@ -1849,6 +1857,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             sends,
             signal_every,
             pressure_seen,
+            in_place_sends,
             ..
         } = self;
         let (pool, mr, c) = (&*pool, *mr, &mut **chain);
@@ -1928,39 +1937,76 @@ impl<Q: QueuePair> Endpoint<Q> {
             // credits spent and granted, so from here a failed post fails
             // the connection, as a failed `send_now` does).
             let mut reply_sges = [Chain::EMPTY_SGE; 2];
-            let mut reply: Option<(BufId, AttachedReply)> = None;
+            let mut nsge = 2;
+            // (the Send's wr_id, its send buffer if it has one, the reply)
+            let mut reply: Option<(u64, Option<BufId>, AttachedReply)> = None;
             if let (Some(a), Some(alloc), true, true) = (
                 op.reply,
                 alloc.as_deref_mut(),
                 chain_replies && op.posted + bytes >= op.len,
                 (sq_room as usize) > n,
             ) {
-                reply = header_send(
-                    conn,
-                    &mut Poster {
-                        qp: &mut *qp,
-                        alloc,
-                        pool,
-                        mr,
-                        posted: &mut *recv_posted,
-                        stats: &mut *stats,
-                    },
+                let mut poster = Poster {
+                    qp: &mut *qp,
+                    alloc,
                     pool,
                     mr,
-                    a.buf,
-                    0,
-                    a.len,
-                    &mut reply_sges,
-                )
-                .map(|sbuf| (sbuf, a));
+                    posted: &mut *recv_posted,
+                    stats: &mut *stats,
+                };
+                const ROOM: usize = DATA_TRANSFER_PAYLOAD_OFFSET;
+                let end = a.offset as usize + a.len as usize;
+                let in_place = (*in_place_sends
+                    && a.offset as usize >= ROOM
+                    && a.buf.to_bits() & (SEND_IN_PLACE | !ID_MASK) == 0)
+                    .then(|| pool.locate(a.buf).filter(|l| end <= l.len))
+                    .flatten();
+                if let Some(loc) = in_place {
+                    // Header in the room before the reply, one contiguous
+                    // Send from the reply's buffer (as `send_now`), which
+                    // its completion frees.
+                    let mut header = [0u8; ROOM];
+                    if conn.transmit_now(&mut poster, a.len, &mut header).is_some() {
+                        let start = a.offset as usize - ROOM;
+                        // SAFETY: the reply buffer is the op's until its
+                        // Send completes; the ROOM bytes before `offset`
+                        // are its header room, inside the buffer
+                        // (`offset >= ROOM`, `end <= len` checked).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                header.as_ptr(),
+                                loc.ptr.as_ptr().add(start),
+                                ROOM,
+                            )
+                        };
+                        reply_sges[0] = mr.sge(
+                            (loc.offset + start) as u64,
+                            (ROOM + end - a.offset as usize) as u32,
+                        );
+                        nsge = 1;
+                        reply = Some((wr_id(KIND_SEND, a.buf) | SEND_IN_PLACE, None, a));
+                    }
+                } else {
+                    reply = header_send(
+                        conn,
+                        &mut poster,
+                        pool,
+                        mr,
+                        a.buf,
+                        a.offset,
+                        a.len,
+                        &mut reply_sges,
+                    )
+                    .map(|sbuf| (wr_id(KIND_SEND, sbuf), Some(sbuf), a));
+                }
             }
             // Signaled selectively, as `post_now`'s whole messages are: the
             // Write's completion finishes the operation, the reply's
-            // only frees its send buffer and message.
-            let reply_wr = reply.map(|(sbuf, a)| SendWr {
-                wr_id: wr_id(KIND_SEND, sbuf),
+            // only frees its buffers.
+            let reply_wr = reply.map(|(id, _, a)| SendWr {
+                wr_id: id,
                 op: SendOp::Send {
-                    sges: &reply_sges,
+                    sges: &reply_sges[..nsge],
                     invalidate: a.invalidate,
                 },
                 signaled: sends.signal_next(
@@ -2001,7 +2047,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 // revokes): try again after completions.
                 Err(ProviderError::QueueFull) if reply.is_none() => break,
                 Err(_) => {
-                    if let (Some((sbuf, _)), Some(alloc)) = (reply, alloc.as_deref_mut()) {
+                    if let (Some((_, Some(sbuf), _)), Some(alloc)) = (reply, alloc.as_deref_mut()) {
                         // The reply stays with its op, whose buffers go home
                         // with the failed connection.
                         let _ = alloc.free(sbuf);
@@ -2035,16 +2081,19 @@ impl<Q: QueuePair> Endpoint<Q> {
             o.posted += bytes;
             if o.posted >= o.len {
                 if reply.is_some() {
-                    // Posted with the chain: its send buffer releases it.
+                    // Posted with the chain: its Send releases it (in
+                    // place, or through its send buffer's stash).
                     o.reply = None;
                 } else if let Some(a) = o.reply.take() {
                     // Every request of the Write is on the send queue: its
                     // reply follows (room was checked above). A reply the
                     // connection refuses (it is terminating) stays with the
                     // op, whose completion frees it: dropped, as `settle`
-                    // drops a refused reply.
+                    // drops a refused reply. (Queued without its header
+                    // room: the flush's general path then posts it in one
+                    // batch with what is queued ahead of it.)
                     if conn
-                        .send_at(a.buf.to_bits(), 0, a.len, a.invalidate)
+                        .send_at(a.buf.to_bits(), a.offset, a.len, a.invalidate)
                         .is_err()
                     {
                         o.reply = Some(a);
@@ -3761,8 +3810,8 @@ mod tests {
         while let Some(wc) = r.ep.qp_mut().next_completion() {
             let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
         }
-        // Each silent reply held its header's send buffer and its body's.
-        assert_eq!(free_sends(&r), held + 4, "the two silent replies' buffers");
+        // Each silent reply held its buffer (its header went in place).
+        assert_eq!(free_sends(&r), held + 2, "the two silent replies' buffers");
         assert_eq!(r.ep.outstanding(), r.ep.recv_posted as u64);
     }
 
@@ -3799,7 +3848,10 @@ mod tests {
         assert_eq!(r.ep.connection().stats().messages_sent, sent_before + 1);
         assert!(!r.ep.connection().transmit_pending());
         let (sent, nsge) = r.ep.qp().sends.last().unwrap().clone();
-        assert_eq!(nsge, 2, "header from a send buffer, payload gathered");
+        assert_eq!(
+            nsge, 1,
+            "header in the room before the reply: one contiguous Send"
+        );
         // [MS-SMBD] 2.2.3: the 24-byte Data Transfer header, then the reply.
         assert_eq!(sent.len(), 24 + 5);
         let field = |at: usize| u32::from_le_bytes(sent[at..at + 4].try_into().unwrap());

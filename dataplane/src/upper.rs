@@ -425,19 +425,30 @@ impl Replies<'_> {
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<(), RdmaError> {
         let rdma = self.rdma.as_deref_mut().ok_or(RdmaError::NotAvailable)?;
+        // Room for the SMB Direct header before the reply where its buffer
+        // has it (as `queue`): the reply then goes behind its Write as one
+        // contiguous Send, without a send buffer for the header.
+        let class = self
+            .pool
+            .class_for_len(len.max(1))
+            .ok_or(RdmaError::Backpressure(Backpressure::PoolExhausted))?;
+        let room = match self.pool.class_layout(class) {
+            Some(l) if l.buf_size >= len + HEADER_ROOM => HEADER_ROOM,
+            _ => 0,
+        };
         let id = self
             .alloc
-            .alloc_len(len.max(1))
+            .alloc(class)
             .map_err(|_| RdmaError::Backpressure(Backpressure::PoolExhausted))?;
         // SAFETY: `id` was just allocated and is exclusively ours.
         match unsafe { self.pool.bytes_mut(id) } {
-            Some(b) if b.len() >= len => fill(&mut b[..len]),
+            Some(b) if b.len() >= room + len => fill(&mut b[room..room + len]),
             _ => {
                 let _ = self.alloc.free(id);
                 return Err(RdmaError::Backpressure(Backpressure::TooLarge));
             }
         }
-        if let Err(e) = rdma.attach_reply(ticket, id, len as u32, invalidate) {
+        if let Err(e) = rdma.attach_reply(ticket, id, room as u32, len as u32, invalidate) {
             let _ = self.alloc.free(id);
             return Err(e);
         }
