@@ -1237,6 +1237,36 @@ fn header_send<Q: QueuePair>(
     Some(sbuf)
 }
 
+/// A whole message's Send from its own buffer (`send_now`, and a reply
+/// going behind its Write's last chain in [`Endpoint::post_rdma_with`]):
+/// the header, committed by [`Connection::transmit_now`], is written into
+/// the [`DATA_TRANSFER_PAYLOAD_OFFSET`] bytes before `offset` in the
+/// message's buffer (`mloc`, the sender's header room), and the one SGE
+/// returned covers header and payload. None (nothing committed) when the
+/// message must be queued the usual way.
+fn header_in_place<Q: QueuePair>(
+    conn: &mut Connection,
+    poster: &mut Poster<'_, Q>,
+    mr: MemoryRegion,
+    mloc: &smbdirect_hugepages::BufLocation,
+    offset: u32,
+    len: u32,
+) -> Option<Sge> {
+    const ROOM: usize = DATA_TRANSFER_PAYLOAD_OFFSET;
+    let end = offset as usize + len as usize;
+    let start = (offset as usize).checked_sub(ROOM)?;
+    if end > mloc.len {
+        return None;
+    }
+    let mut header = [0u8; ROOM];
+    conn.transmit_now(poster, len, &mut header)?;
+    // SAFETY: the message buffer is the sender's until its Send completes;
+    // the ROOM bytes before `offset` are its header room, inside the
+    // buffer (`offset >= ROOM` and `end <= len` checked above).
+    unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), mloc.ptr.as_ptr().add(start), ROOM) };
+    Some(mr.sge((mloc.offset + start) as u64, (ROOM + len as usize) as u32))
+}
+
 /// Posts receives on behalf of the connection.
 struct Poster<'a, Q: QueuePair> {
     qp: &'a mut Q,
@@ -1954,35 +1984,18 @@ impl<Q: QueuePair> Endpoint<Q> {
                     posted: &mut *recv_posted,
                     stats: &mut *stats,
                 };
-                const ROOM: usize = DATA_TRANSFER_PAYLOAD_OFFSET;
-                let end = a.offset as usize + a.len as usize;
                 let in_place = (*in_place_sends
-                    && a.offset as usize >= ROOM
+                    && a.offset as usize >= DATA_TRANSFER_PAYLOAD_OFFSET
                     && a.buf.to_bits() & (SEND_IN_PLACE | !ID_MASK) == 0)
-                    .then(|| pool.locate(a.buf).filter(|l| end <= l.len))
+                    .then(|| pool.locate(a.buf))
                     .flatten();
-                if let Some(loc) = in_place {
-                    // Header in the room before the reply, one contiguous
-                    // Send from the reply's buffer (as `send_now`), which
-                    // its completion frees.
-                    let mut header = [0u8; ROOM];
-                    if conn.transmit_now(&mut poster, a.len, &mut header).is_some() {
-                        let start = a.offset as usize - ROOM;
-                        // SAFETY: the reply buffer is the op's until its
-                        // Send completes; the ROOM bytes before `offset`
-                        // are its header room, inside the buffer
-                        // (`offset >= ROOM`, `end <= len` checked).
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                header.as_ptr(),
-                                loc.ptr.as_ptr().add(start),
-                                ROOM,
-                            )
-                        };
-                        reply_sges[0] = mr.sge(
-                            (loc.offset + start) as u64,
-                            (ROOM + end - a.offset as usize) as u32,
-                        );
+                if let Some(mloc) = in_place {
+                    // One contiguous Send from the reply's buffer, which its
+                    // completion frees (as `send_now`).
+                    if let Some(sge) =
+                        header_in_place(conn, &mut poster, mr, &mloc, a.offset, a.len)
+                    {
+                        reply_sges[0] = sge;
                         nsge = 1;
                         reply = Some((wr_id(KIND_SEND, a.buf) | SEND_IN_PLACE, None, a));
                     }
@@ -2256,31 +2269,25 @@ impl<Q: QueuePair> Endpoint<Q> {
         {
             return queue(self);
         }
-        let room = DATA_TRANSFER_PAYLOAD_OFFSET;
         let end = offset as usize + len as usize;
         let Some(mloc) = self.pool.locate(msg).filter(|l| end <= l.len) else {
             return queue(self);
         };
-        let mut header = [0u8; DATA_TRANSFER_PAYLOAD_OFFSET];
-        if header_room && self.in_place_sends && offset as usize >= room {
+        if header_room && self.in_place_sends && offset as usize >= DATA_TRANSFER_PAYLOAD_OFFSET {
             // One contiguous Send from the message's own buffer, header in
             // the room before it (as `flush_in_place`).
-            let mut p = poster!(self, alloc);
-            if self.conn.transmit_now(&mut p, len, &mut header).is_none() {
+            let Some(sge) = header_in_place(
+                &mut self.conn,
+                &mut poster!(self, alloc),
+                self.mr,
+                &mloc,
+                offset,
+                len,
+            ) else {
                 return queue(self);
-            }
-            let start = offset as usize - room;
-            // SAFETY: the message buffer is ours until its Send completes;
-            // the 24 bytes before `offset` are the sender's header room,
-            // inside the buffer (`offset >= room`, `end <= len` checked).
-            unsafe {
-                std::ptr::copy_nonoverlapping(header.as_ptr(), mloc.ptr.as_ptr().add(start), room)
             };
-            let sges = [self
-                .mr
-                .sge((mloc.offset + start) as u64, (room + len as usize) as u32)];
             let id = wr_id(KIND_SEND, msg) | SEND_IN_PLACE;
-            return Ok(self.post_now(alloc, &sges, id, invalidate, None, msg));
+            return Ok(self.post_now(alloc, &[sge], id, invalidate, None, msg));
         }
         // The header in a send buffer, the payload gathered from the
         // message (as `flush`'s general path).
@@ -2856,11 +2863,20 @@ mod tests {
     /// short of the receives its credits want: pool pressure); more than 8
     /// come with 64 send buffers instead of 8.
     fn rig_sized(ord: u32, receives: u32) -> Rig {
+        rig_with_class(ord, receives, None)
+    }
+
+    /// [`rig_sized`] with `extra` as a fourth size class.
+    fn rig_with_class(ord: u32, receives: u32, extra: Option<SizeClass>) -> Rig {
         let sends = if receives > 8 { 64 } else { 8 };
-        let pool = PoolConfig::new(8 << 20, 1)
+        let mut cfg = PoolConfig::new(8 << 20, 1)
             .class(SizeClass::new("receive", 8192).per_slice(receives))
             .class(SizeClass::new("send", 1364).per_slice(sends))
-            .class(SizeClass::new("rdma", 64 << 10).per_slice(8))
+            .class(SizeClass::new("rdma", 64 << 10).per_slice(8));
+        if let Some(c) = extra {
+            cfg = cfg.class(c);
+        }
+        let pool = cfg
             .hugepages(HugepagePolicy::Disable)
             .mlock(false)
             .build()
@@ -3200,8 +3216,12 @@ mod tests {
     }
 
     fn negotiated_rig_sized(receives: u32) -> Rig {
+        negotiate(rig_sized(16, receives))
+    }
+
+    /// Runs the passive side's negotiation on `r`.
+    fn negotiate(mut r: Rig) -> Rig {
         use smbdirect_protocol::smbd::wire::NegotiateRequestRepr;
-        let mut r = rig_sized(16, receives);
         assert!(r.ep.post_negotiate_receive(&mut r.alloc));
         let req = NegotiateRequestRepr {
             min_version: 0x0100,
@@ -3225,7 +3245,11 @@ mod tests {
     }
 
     fn established_rig_sized(receives: u32) -> Rig {
-        let mut r = negotiated_rig_sized(receives);
+        establish(negotiated_rig_sized(receives))
+    }
+
+    /// The peer's first message on negotiated `r`.
+    fn establish(mut r: Rig) -> Rig {
         // The peer's first message grants the send credits ([MS-SMBD]
         // 3.1.5.8).
         match deliver(&mut r, &fragment(10, 0)) {
@@ -3873,6 +3897,46 @@ mod tests {
             "data, aux and reply buffers home"
         );
         let _ = t;
+    }
+
+    #[test]
+    fn an_attached_reply_without_header_room_rides_behind_its_write_with_a_header_buffer() {
+        // A reply in a buffer class too small for the header room before
+        // it (a 64-byte class, a 50-byte reply) still rides with its
+        // Write's chain: header from a send buffer, reply gathered behind
+        // it, the same bytes on the wire as in place.
+        let tiny = SizeClass::new("tiny", 64).per_slice(8);
+        let mut r = establish(negotiate(rig_with_class(16, 8, Some(tiny))));
+        let before = free_counts(&r.pool);
+        let reply: Vec<u8> = (0..50u8).collect();
+        with_replies(&mut r, None, |o| {
+            let t = o.rdma_write(&descs(0, 1, 100, 1), 0, 100, b"", |b| b.fill(3))?;
+            o.reply_after_write(t, reply.len(), Some(0x55), |b| b.copy_from_slice(&reply))?;
+            Ok(t)
+        })
+        .unwrap();
+        let posts_before = r.ep.qp().chains.len();
+        r.ep.flush(Instant::ZERO, &mut r.alloc).unwrap();
+        assert_eq!(r.ep.qp().chains[posts_before..], [2], "one doorbell");
+        assert_eq!(r.ep.rdma().unwrap().stats().replies_chained, 1);
+        let (sent, nsge) = r.ep.qp().sends.last().unwrap().clone();
+        assert_eq!(nsge, 2, "header from a send buffer, reply gathered");
+        assert_eq!(sent.len(), 24 + reply.len());
+        let field = |at: usize| u32::from_le_bytes(sent[at..at + 4].try_into().unwrap());
+        assert_eq!((field(8), field(12), field(16)), (0, 24, 50));
+        assert_eq!(&sent[24..], &reply[..]);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        // The Send is signaled one time in 8: close drains a silent one.
+        r.ep.close(&mut r.alloc);
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            let _ = r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc);
+        }
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        let after = free_counts(&r.pool);
+        assert_eq!(after[1..], before[1..], "send, rdma and tiny buffers home");
     }
 
     #[test]

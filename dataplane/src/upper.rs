@@ -361,18 +361,12 @@ impl Replies<'_> {
         self.queue(len, Some(token), fill)
     }
 
-    fn queue(
-        &mut self,
-        len: usize,
-        invalidate: Option<u32>,
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<(), Backpressure> {
-        if self.count == self.queued.len() {
-            return Err(Backpressure::SendQueueFull);
-        }
-        // Room for the SMB Direct header before the reply where the buffer
-        // the reply needs anyway has it: sent whole, header and reply then
-        // go as one contiguous Send, without a send buffer.
+    /// A pool buffer for a reply of `len` bytes, and the room left before
+    /// the reply in it: [`HEADER_ROOM`] where the buffer the reply needs
+    /// anyway has it (the transport then writes the SMB Direct header there
+    /// and sends header and reply as one contiguous Send, without a send
+    /// buffer), else 0.
+    fn alloc_reply(&mut self, len: usize) -> Result<(BufId, usize), Backpressure> {
         let class = self
             .pool
             .class_for_len(len.max(1))
@@ -385,6 +379,19 @@ impl Replies<'_> {
             .alloc
             .alloc(class)
             .map_err(|_| Backpressure::PoolExhausted)?;
+        Ok((id, room))
+    }
+
+    fn queue(
+        &mut self,
+        len: usize,
+        invalidate: Option<u32>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), Backpressure> {
+        if self.count == self.queued.len() {
+            return Err(Backpressure::SendQueueFull);
+        }
+        let (id, room) = self.alloc_reply(len)?;
         // SAFETY: `id` was just allocated and is exclusively ours.
         match unsafe { self.pool.bytes_mut(id) } {
             Some(b) if b.len() >= room + len => fill(&mut b[room..room + len]),
@@ -424,22 +431,10 @@ impl Replies<'_> {
         invalidate: Option<u32>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<(), RdmaError> {
-        let rdma = self.rdma.as_deref_mut().ok_or(RdmaError::NotAvailable)?;
-        // Room for the SMB Direct header before the reply where its buffer
-        // has it (as `queue`): the reply then goes behind its Write as one
-        // contiguous Send, without a send buffer for the header.
-        let class = self
-            .pool
-            .class_for_len(len.max(1))
-            .ok_or(RdmaError::Backpressure(Backpressure::PoolExhausted))?;
-        let room = match self.pool.class_layout(class) {
-            Some(l) if l.buf_size >= len + HEADER_ROOM => HEADER_ROOM,
-            _ => 0,
-        };
-        let id = self
-            .alloc
-            .alloc(class)
-            .map_err(|_| RdmaError::Backpressure(Backpressure::PoolExhausted))?;
+        if self.rdma.is_none() {
+            return Err(RdmaError::NotAvailable);
+        }
+        let (id, room) = self.alloc_reply(len).map_err(RdmaError::Backpressure)?;
         // SAFETY: `id` was just allocated and is exclusively ours.
         match unsafe { self.pool.bytes_mut(id) } {
             Some(b) if b.len() >= room + len => fill(&mut b[room..room + len]),
@@ -448,7 +443,11 @@ impl Replies<'_> {
                 return Err(RdmaError::Backpressure(Backpressure::TooLarge));
             }
         }
-        if let Err(e) = rdma.attach_reply(ticket, id, room as u32, len as u32, invalidate) {
+        let attached = match self.rdma.as_deref_mut() {
+            Some(rdma) => rdma.attach_reply(ticket, id, room as u32, len as u32, invalidate),
+            None => Err(RdmaError::NotAvailable),
+        };
+        if let Err(e) = attached {
             let _ = self.alloc.free(id);
             return Err(e);
         }
