@@ -1244,6 +1244,7 @@ fn header_send<Q: QueuePair>(
 /// message's buffer (`mloc`, the sender's header room), and the one SGE
 /// returned covers header and payload. None (nothing committed) when the
 /// message must be queued the usual way.
+#[inline]
 fn header_in_place<Q: QueuePair>(
     conn: &mut Connection,
     poster: &mut Poster<'_, Q>,

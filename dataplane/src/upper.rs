@@ -366,6 +366,7 @@ impl Replies<'_> {
     /// anyway has it (the transport then writes the SMB Direct header there
     /// and sends header and reply as one contiguous Send, without a send
     /// buffer), else 0.
+    #[inline(always)]
     fn alloc_reply(&mut self, len: usize) -> Result<(BufId, usize), Backpressure> {
         let class = self
             .pool

@@ -124,6 +124,7 @@ pub fn validate_descriptors<S: DescriptorSource + ?Sized>(descs: &S) -> Result<u
 
 /// [MS-SMBD] 3.1.4.5 / 3.1.4.6: the RDMA operations that move `length`
 /// bytes starting `offset` bytes into the buffer `descs` describe.
+#[inline]
 pub fn slice<'a, S: DescriptorSource + ?Sized>(
     descs: &'a S,
     offset: u64,
