@@ -180,6 +180,11 @@ const RDMA_CHAIN: usize = 16;
 pub const RDMA_MAX_SGE: usize = 8;
 /// Most pieces one zero-copy operation may have.
 pub const RDMA_MAX_PIECES: usize = 1024;
+/// Bytes of descriptors, context and encoded pieces an operation keeps in
+/// its own slot of the table ([`RdmaOps`]) instead of a pool buffer: a
+/// READ's one descriptor and one piece (36 bytes), an SMB2 WRITE's
+/// descriptor and 112-byte context with up to two pieces (168).
+pub(crate) const INLINE_AUX: usize = 192;
 
 // RDMA work-request id layout (below the 2 kind bits): op slot, work
 // requests in the chain, "last of its chain", low bits of the op's ticket.
@@ -343,9 +348,9 @@ struct Op {
     /// The local data buffer (pool); None for a zero-copy operation.
     data: Option<BufId>,
     len: u32,
-    /// Pool buffer holding the descriptors as received, then the context,
-    /// then (zero-copy) the encoded pieces.
-    aux: Option<BufId>,
+    /// Where the descriptors as received are kept, then the context, then
+    /// (zero-copy) the encoded pieces.
+    aux: Option<AuxAt>,
     descs_len: u32,
     ctx_len: u32,
     /// Zero-copy: pieces of local memory (pinned by the upper layer) in
@@ -368,6 +373,31 @@ struct Op {
     /// The operation's reply went (or goes) with it: its completion frees it
     /// without calling the upper layer back.
     detached: bool,
+}
+
+/// Where an operation's descriptors, context and pieces are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AuxAt {
+    /// A pool buffer (they did not fit [`INLINE_AUX`]).
+    Pool(BufId),
+    /// The operation's own slot of [`RdmaOps::inline`].
+    Inline,
+}
+
+/// An operation's aux bytes: its slot's inline bytes (`inline`) or its
+/// pool buffer.
+#[inline]
+fn aux_bytes<'a>(
+    aux: Option<AuxAt>,
+    inline: &'a [u8; INLINE_AUX],
+    pool: &'a BufferPool,
+) -> Option<&'a [u8]> {
+    match aux? {
+        AuxAt::Inline => Some(&inline[..]),
+        // SAFETY: the aux buffer belongs to its op and is never given to the
+        // provider; nothing writes it while the op lives.
+        AuxAt::Pool(b) => unsafe { pool.bytes(b) },
+    }
 }
 
 /// A reply attached to an RDMA Write (see [`Op::reply`]).
@@ -419,7 +449,7 @@ pub(crate) struct DoneOp {
     /// None: a zero-copy operation (the data is in the upper layer's memory).
     pub data: Option<BufId>,
     pub len: u32,
-    pub aux: BufId,
+    aux: AuxAt,
     pub descs_len: u32,
     pub ctx_len: u32,
 }
@@ -430,6 +460,11 @@ pub(crate) struct DoneOp {
 #[derive(Debug)]
 pub struct RdmaOps {
     ops: Box<[Op]>,
+    /// Per slot: the aux bytes of an operation whose descriptors, context
+    /// and pieces fit ([`AuxAt::Inline`]), so the common READ and WRITE
+    /// take no pool buffer for them. Beside `ops`, not in [`Op`], which is
+    /// copied whole on the posting path.
+    inline: Box<[[u8; INLINE_AUX]]>,
     /// Ops with bytes left to post (and staged ones), oldest first.
     pending: VecDeque<u16>,
     /// Finished ops waiting for the upper layer, in completion order.
@@ -472,6 +507,13 @@ fn alloc_at_least(
             return Ok(id);
         }
         tried = size(c);
+    }
+}
+
+/// Gives `aux` back to the pool if it is a pool buffer.
+fn free_aux(alloc: &mut SliceAllocator, aux: AuxAt) {
+    if let AuxAt::Pool(b) = aux {
+        let _ = alloc.free(b);
     }
 }
 
@@ -676,6 +718,7 @@ impl RdmaOps {
         let capacity = capacity.clamp(1, 1 << RDMA_SLOT_BITS);
         RdmaOps {
             ops: vec![Op::FREE; capacity].into_boxed_slice(),
+            inline: vec![[0u8; INLINE_AUX]; capacity].into_boxed_slice(),
             pending: VecDeque::with_capacity(capacity),
             done: VecDeque::with_capacity(capacity),
             depth: ReadDepth::new(ord),
@@ -750,41 +793,49 @@ impl RdmaOps {
         t
     }
 
-    /// Validates a request and copies `descs` and `context` into one pool
-    /// buffer; returns it with the descriptors' length.
+    /// Validates a request and copies `descs`, `context` and the encoded
+    /// `pieces` into `inline` when given and they fit, else into one pool
+    /// buffer; returns where, with the descriptors' and context's lengths.
     #[allow(clippy::too_many_arguments)]
     fn stage_aux(
         alloc: &mut SliceAllocator,
         pool: &BufferPool,
+        inline: Option<&mut [u8; INLINE_AUX]>,
         descs: &[u8],
         offset: u64,
         len: u32,
         context: &[u8],
         pieces: &[Piece],
-    ) -> Result<(BufId, u32, u32), RdmaError> {
+    ) -> Result<(AuxAt, u32, u32), RdmaError> {
         let arr = BufferDescriptorArray::new_checked(descs).map_err(RdmaError::Malformed)?;
         rdma_slice::slice(&arr, offset, u64::from(len)).map_err(RdmaError::Descriptors)?;
         let head = descs.len() + context.len();
         let aux_len = head + pieces.len() * PIECE_BYTES;
+        let write = |b: &mut [u8]| {
+            b[..descs.len()].copy_from_slice(descs);
+            b[descs.len()..head].copy_from_slice(context);
+            for (p, out) in pieces
+                .iter()
+                .zip(b[head..aux_len].chunks_exact_mut(PIECE_BYTES))
+            {
+                p.encode(out);
+            }
+        };
+        let lens = (descs.len() as u32, context.len() as u32);
+        if let Some(b) = inline.filter(|_| aux_len <= INLINE_AUX) {
+            write(&mut b[..aux_len]);
+            return Ok((AuxAt::Inline, lens.0, lens.1));
+        }
         let aux = alloc_at_least(alloc, pool, aux_len).map_err(map_alloc)?;
         // SAFETY: `aux` was just allocated and is exclusively ours.
         match unsafe { pool.bytes_mut(aux) } {
-            Some(b) if b.len() >= aux_len => {
-                b[..descs.len()].copy_from_slice(descs);
-                b[descs.len()..head].copy_from_slice(context);
-                for (p, out) in pieces
-                    .iter()
-                    .zip(b[head..aux_len].chunks_exact_mut(PIECE_BYTES))
-                {
-                    p.encode(out);
-                }
-            }
+            Some(b) if b.len() >= aux_len => write(&mut b[..aux_len]),
             _ => {
                 let _ = alloc.free(aux);
                 return Err(RdmaError::Backpressure(Backpressure::PoolExhausted));
             }
         }
-        Ok((aux, descs.len() as u32, context.len() as u32))
+        Ok((AuxAt::Pool(aux), lens.0, lens.1))
     }
 
     /// Stages a new operation (see [`crate::upper::Replies::rdma_read`]).
@@ -811,12 +862,13 @@ impl RdmaOps {
         let Some(slot) = self.free_slot() else {
             return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
         };
+        let inline = Some(&mut self.inline[slot]);
         let (aux, descs_len, ctx_len) =
-            Self::stage_aux(alloc, pool, descs, offset, len, context, &[])?;
+            Self::stage_aux(alloc, pool, inline, descs, offset, len, context, &[])?;
         let data = match alloc_at_least(alloc, pool, len as usize) {
             Ok(d) => d,
             Err(e) => {
-                let _ = alloc.free(aux);
+                free_aux(alloc, aux);
                 return Err(map_alloc(e));
             }
         };
@@ -825,7 +877,7 @@ impl RdmaOps {
             match unsafe { pool.bytes_mut(data) } {
                 Some(b) if b.len() >= len as usize => fill(&mut b[..len as usize]),
                 _ => {
-                    let _ = alloc.free(aux);
+                    free_aux(alloc, aux);
                     let _ = alloc.free(data);
                     return Err(RdmaError::Backpressure(Backpressure::PoolExhausted));
                 }
@@ -926,8 +978,9 @@ impl RdmaOps {
         let Some(slot) = self.free_slot() else {
             return Err(RdmaError::Backpressure(Backpressure::RdmaBusy));
         };
+        let inline = Some(&mut self.inline[slot]);
         let (aux, descs_len, ctx_len) =
-            Self::stage_aux(alloc, pool, descs, offset, len, context, pieces)?;
+            Self::stage_aux(alloc, pool, inline, descs, offset, len, context, pieces)?;
         let ticket = self.take_ticket();
         self.ops[slot] = Op {
             state: OpState::Staged,
@@ -1009,7 +1062,12 @@ impl RdmaOps {
             return false;
         };
         let slot = self.pending[k] as usize;
-        Self::free_op(&mut self.ops[slot], alloc, self.pins.as_deref());
+        Self::free_op(
+            &mut self.ops[slot],
+            &self.inline[slot],
+            alloc,
+            self.pins.as_deref(),
+        );
         self.pending.remove(k);
         true
     }
@@ -1033,8 +1091,13 @@ impl RdmaOps {
         {
             return Err(RdmaError::NotAvailable);
         }
-        let (aux, descs_len, ctx_len) =
-            Self::stage_aux(alloc, pool, descs, offset, op.len, context, &[])?;
+        // Not inline: the slot's bytes are the Read's until the handler
+        // returns `Ok` (commit).
+        let (AuxAt::Pool(aux), descs_len, ctx_len) =
+            Self::stage_aux(alloc, pool, None, descs, offset, op.len, context, &[])?
+        else {
+            return Err(RdmaError::NotAvailable);
+        };
         let ticket = self.take_ticket();
         self.ops[slot].cont = Some(Continuation {
             ticket,
@@ -1065,11 +1128,11 @@ impl RdmaOps {
         } else {
             self.done.retain(|&s| s as usize != slot);
         }
-        let op = &mut self.ops[slot];
+        let (op, inline) = (&mut self.ops[slot], &self.inline[slot]);
         match op.cont.take() {
             Some(c) => {
-                if let Some(old) = op.aux.replace(c.aux) {
-                    let _ = alloc.free(old);
+                if let Some(old) = op.aux.replace(AuxAt::Pool(c.aux)) {
+                    free_aux(alloc, old);
                 }
                 op.state = OpState::Queued;
                 op.kind = RdmaKind::Write;
@@ -1080,7 +1143,7 @@ impl RdmaOps {
                 op.posted = 0;
                 self.pending.push_back(slot as u16);
             }
-            None => Self::free_op(op, alloc, self.pins.as_deref()),
+            None => Self::free_op(op, inline, alloc, self.pins.as_deref()),
         }
     }
 
@@ -1088,11 +1151,11 @@ impl RdmaOps {
     /// (their buffers freed); the operation being completed stays done.
     pub(crate) fn abort(&mut self, alloc: &mut SliceAllocator, completing: Option<usize>) {
         while let Some(&s) = self.pending.back() {
-            let op = &mut self.ops[s as usize];
+            let (op, inline) = (&mut self.ops[s as usize], &self.inline[s as usize]);
             if op.state != OpState::Staged {
                 break;
             }
-            Self::free_op(op, alloc, self.pins.as_deref());
+            Self::free_op(op, inline, alloc, self.pins.as_deref());
             self.pending.pop_back();
         }
         if let Some(op) = completing.and_then(|s| self.ops.get_mut(s)) {
@@ -1104,13 +1167,16 @@ impl RdmaOps {
 
     /// Frees `op`'s buffers and releases the pins of its pieces (nothing of
     /// it is in flight).
-    fn free_op(op: &mut Op, alloc: &mut SliceAllocator, pins: Option<&dyn Pins>) {
+    fn free_op(
+        op: &mut Op,
+        inline: &[u8; INLINE_AUX],
+        alloc: &mut SliceAllocator,
+        pins: Option<&dyn Pins>,
+    ) {
         if op.pieces > 0 {
-            if let (Some(pins), Some(aux)) = (pins, op.aux) {
-                // SAFETY: the aux buffer belongs to this op and is never
-                // given to the provider; the op is being freed.
+            if let Some(pins) = pins {
                 if let Some(b) =
-                    unsafe { alloc.pool().bytes(aux) }.and_then(|b| b.get(op.pieces_range()))
+                    aux_bytes(op.aux, inline, alloc.pool()).and_then(|b| b.get(op.pieces_range()))
                 {
                     unpin_encoded(pins, b);
                 }
@@ -1118,7 +1184,10 @@ impl RdmaOps {
         }
         for b in [
             op.data.take(),
-            op.aux.take(),
+            match op.aux.take() {
+                Some(AuxAt::Pool(b)) => Some(b),
+                _ => None,
+            },
             op.cont.take().map(|c| c.aux),
             op.reply.take().map(|r| r.buf),
         ]
@@ -1146,11 +1215,33 @@ impl RdmaOps {
         })
     }
 
+    /// The context `op` (from [`RdmaOps::peek_done`]) was staged with: in
+    /// its pool buffer, or copied out of its slot into `scratch` (so the
+    /// handler may stage more operations while reading it).
+    pub(crate) fn done_context<'a>(
+        &self,
+        pool: &'a BufferPool,
+        op: &DoneOp,
+        scratch: &'a mut [u8; INLINE_AUX],
+    ) -> &'a [u8] {
+        let range = op.descs_len as usize..(op.descs_len + op.ctx_len) as usize;
+        let bytes: Option<&'a [u8]> = match op.aux {
+            AuxAt::Inline => {
+                *scratch = self.inline[op.slot];
+                Some(&scratch[..])
+            }
+            // SAFETY: the op is done: nothing writes its aux buffer, which
+            // is never given to the provider.
+            AuxAt::Pool(b) => unsafe { pool.bytes(b) },
+        };
+        bytes.and_then(|b| b.get(range)).unwrap_or(&[])
+    }
+
     /// Frees every operation with nothing in flight (connection teardown).
     pub(crate) fn release_idle(&mut self, alloc: &mut SliceAllocator) {
-        for op in self.ops.iter_mut() {
+        for (op, inline) in self.ops.iter_mut().zip(self.inline.iter()) {
             if op.state != OpState::Free && op.chains == 0 {
-                Self::free_op(op, alloc, self.pins.as_deref());
+                Self::free_op(op, inline, alloc, self.pins.as_deref());
             }
         }
         let ops = &self.ops;
@@ -1813,7 +1904,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 if op.detached {
                     // Its reply went behind it: nothing left for the upper
                     // layer (its pins are released here).
-                    RdmaOps::free_op(op, alloc, r.pins.as_deref());
+                    RdmaOps::free_op(op, &r.inline[slot], alloc, r.pins.as_deref());
                 } else {
                     op.state = OpState::Done;
                     r.done.push_back(slot as u16);
@@ -1822,7 +1913,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             OpState::Queued if op.posted < op.len && self.failed.is_none() => {}
             OpState::Failed | OpState::Queued => {
                 // Nothing of it in flight any more: its buffers go home.
-                RdmaOps::free_op(op, alloc, r.pins.as_deref());
+                RdmaOps::free_op(op, &r.inline[slot], alloc, r.pins.as_deref());
                 let ops = &r.ops;
                 r.pending
                     .retain(|&s| ops[s as usize].state != OpState::Free);
@@ -1922,9 +2013,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                 }
                 room = room.min(ord_room);
             }
-            // SAFETY: the aux buffer belongs to this op and is never given to
-            // the provider; nothing writes it while the op lives.
-            let aux = op.aux.and_then(|aux| unsafe { pool.bytes(aux) });
+            let aux = aux_bytes(op.aux, &r.inline[slot], pool);
             let descs = aux.and_then(|b| b.get(..op.descs_len as usize));
             let filled = if op.pieces > 0 {
                 let pieces = aux.and_then(|b| b.get(op.pieces_range()));
@@ -3019,10 +3108,12 @@ mod tests {
         r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
             .unwrap();
         let d = r.ep.rdma().unwrap().peek_done().unwrap();
-        // SAFETY: the op is done; nothing writes its aux buffer.
-        let ctx = unsafe { r.pool.bytes(d.aux) }.unwrap()
-            [d.descs_len as usize..(d.descs_len + d.ctx_len) as usize]
-            .to_vec();
+        let mut scratch = [0u8; INLINE_AUX];
+        let ctx =
+            r.ep.rdma()
+                .unwrap()
+                .done_context(&r.pool, &d, &mut scratch)
+                .to_vec();
         assert_eq!(ctx, b"ctx");
         // Backpressure after staging the write-back undoes it...
         let before = free_counts(&r.pool);
@@ -3057,6 +3148,75 @@ mod tests {
             .collect();
         assert_eq!(src, dst);
         assert_eq!(free_counts(&r.pool), r.baseline);
+    }
+
+    #[test]
+    fn descriptors_and_context_that_fit_stay_in_the_table_and_larger_ones_take_a_pool_buffer() {
+        let mut r = rig(16);
+        let free = |r: &Rig| free_counts(&r.pool).iter().sum::<u32>();
+        let start = free(&r);
+        // One descriptor and an SMB2 WRITE's 112-byte context: the data
+        // buffer is the only pool buffer the operation takes.
+        let small = [0x5au8; 112];
+        with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(100, 1, 4000, 1), 0, 4000, &small)
+        })
+        .unwrap();
+        assert_eq!(free(&r), start - 1, "the data buffer only");
+        // Twelve descriptors (192 bytes) and a context: past INLINE_AUX,
+        // so a pool buffer holds them beside the data's.
+        let large: Vec<u8> = (0..40u8).collect();
+        with_replies(&mut r, None, |o| {
+            o.rdma_read(&descs(100_000, 12, 900, 2), 0, 10_800, &large)
+        })
+        .unwrap();
+        assert_eq!(free(&r), start - 3, "data and aux buffers");
+        r.ep.post_rdma().unwrap();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        // Each context comes back from where it was kept, and stays
+        // intact while the handler stages another operation (into the
+        // slot the next read of the table would take).
+        let mut seen = Vec::new();
+        while let Some(d) = r.ep.rdma().unwrap().peek_done() {
+            let mut scratch = [0u8; INLINE_AUX];
+            let ctx = r.ep.rdma().unwrap().done_context(&r.pool, &d, &mut scratch);
+            let ctx = ctx.to_vec();
+            let peer = r.ep.qp().peer.clone();
+            // SAFETY: the op is done; nothing writes its data buffer.
+            let data = d
+                .data
+                .and_then(|b| unsafe { r.pool.bytes(b) })
+                .map(|b| b[..d.len as usize].to_vec())
+                .unwrap();
+            let want: Vec<u8> = if d.len == 4000 {
+                peer[100..4100].to_vec()
+            } else {
+                (0..12)
+                    .flat_map(|i| peer[100_000 + i * 1000..100_000 + i * 1000 + 900].to_vec())
+                    .collect()
+            };
+            assert_eq!(data, want, "the bytes the descriptors named");
+            with_replies(&mut r, Some(d.slot), |o| {
+                o.rdma_write(&descs(300_000, 1, 10, 3), 0, 10, b"w", |b| b.fill(1))
+                    .map(|_| ())
+            })
+            .unwrap();
+            seen.push((d.len, ctx));
+        }
+        assert_eq!(seen, vec![(4000, small.to_vec()), (10_800, large)]);
+        r.ep.post_rdma().unwrap();
+        while let Some(wc) = r.ep.qp_mut().next_completion() {
+            r.ep.on_completion(Instant::ZERO, &wc, &mut r.alloc)
+                .unwrap();
+        }
+        while let Some(d) = r.ep.rdma().unwrap().peek_done() {
+            with_replies(&mut r, Some(d.slot), |_| Ok(())).unwrap();
+        }
+        assert_eq!(r.ep.rdma().unwrap().active(), 0);
+        assert_eq!(free_counts(&r.pool), r.baseline, "every buffer home");
     }
 
     #[test]

@@ -39,7 +39,8 @@
 
 use crate::capture::{CaptureConn, CaptureHandle};
 use crate::endpoint::{
-    recv_wr_buf, Delivery, Endpoint, EndpointError, Event, RdmaStats, RDMA_OPS_PER_CONNECTION,
+    recv_wr_buf, Delivery, Endpoint, EndpointError, Event, RdmaStats, INLINE_AUX,
+    RDMA_OPS_PER_CONNECTION,
 };
 use crate::idhash::{id_map, IdMap};
 use crate::marks::{self, Point};
@@ -923,12 +924,11 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                         .and_then(|d| unsafe { self.pool.bytes(d) })
                         .and_then(|b| b.get(..op.len as usize))
                         .unwrap_or(&[]);
-                    // SAFETY: as above; the aux buffer is never posted.
-                    let context = unsafe { self.pool.bytes(op.aux) }
-                        .and_then(|b| {
-                            b.get(op.descs_len as usize..(op.descs_len + op.ctx_len) as usize)
-                        })
-                        .unwrap_or(&[]);
+                    let mut scratch = [0u8; INLINE_AUX];
+                    let context = slot
+                        .ep
+                        .rdma()
+                        .map_or(&[][..], |r| r.done_context(&self.pool, &op, &mut scratch));
                     let done = RdmaDone {
                         ticket: op.ticket,
                         kind: op.kind,
