@@ -384,6 +384,16 @@ enum AuxAt {
     Inline,
 }
 
+impl AuxAt {
+    /// The pool buffer to give back, if any.
+    fn pool(self) -> Option<BufId> {
+        match self {
+            AuxAt::Pool(b) => Some(b),
+            AuxAt::Inline => None,
+        }
+    }
+}
+
 /// An operation's aux bytes: its slot's inline bytes (`inline`) or its
 /// pool buffer.
 #[inline]
@@ -512,7 +522,7 @@ fn alloc_at_least(
 
 /// Gives `aux` back to the pool if it is a pool buffer.
 fn free_aux(alloc: &mut SliceAllocator, aux: AuxAt) {
-    if let AuxAt::Pool(b) = aux {
+    if let Some(b) = aux.pool() {
         let _ = alloc.free(b);
     }
 }
@@ -1184,10 +1194,7 @@ impl RdmaOps {
         }
         for b in [
             op.data.take(),
-            match op.aux.take() {
-                Some(AuxAt::Pool(b)) => Some(b),
-                _ => None,
-            },
+            op.aux.take().and_then(AuxAt::pool),
             op.cont.take().map(|c| c.aux),
             op.reply.take().map(|r| r.buf),
         ]
@@ -3177,8 +3184,8 @@ mod tests {
                 .unwrap();
         }
         // Each context comes back from where it was kept, and stays
-        // intact while the handler stages another operation (into the
-        // slot the next read of the table would take).
+        // intact while the handler (holding it, as the worker's does)
+        // stages another operation.
         let mut seen = Vec::new();
         while let Some(d) = r.ep.rdma().unwrap().peek_done() {
             let mut scratch = [0u8; INLINE_AUX];
