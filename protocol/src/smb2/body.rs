@@ -116,13 +116,17 @@ macro_rules! body_view {
 }
 
 /// Implements [`Smb2Body`] for a `Repr` (delegating to its inherent
-/// `buffer_len`/`emit`) and adds `from_body` (= `new_checked` + `parse`).
+/// `buffer_len`/`emit`) and adds `from_body` (`parse` of the body's view,
+/// which checks it: every `Repr::parse` starts with the view's `check`, and
+/// tests/smb2_wire.rs holds every body's decoder to it).
 macro_rules! impl_body {
     ($repr:ident<$lt:lifetime>, $view:ident, $cmd:expr) => {
         impl<$lt> $repr<$lt> {
             /// Checks and parses a body (the bytes after the SMB2 header).
+            /// `parse` runs the view's checks (every `Repr::parse` does,
+            /// as `new_checked` would): once, not twice.
             pub fn from_body(body: &$lt [u8]) -> Result<Self, $crate::smb2::Smb2Error> {
-                Self::parse(&$view::new_checked(body)?)
+                Self::parse(&$view::new_unchecked(body))
             }
         }
         impl<$lt> $crate::smb2::Smb2Body for $repr<$lt> {
@@ -139,9 +143,10 @@ macro_rules! impl_body {
     };
     ($repr:ident, $view:ident, $cmd:expr) => {
         impl $repr {
-            /// Checks and parses a body (the bytes after the SMB2 header).
+            /// Checks and parses a body (the bytes after the SMB2 header);
+            /// `parse` runs the view's checks, once.
             pub fn from_body(body: &[u8]) -> Result<Self, $crate::smb2::Smb2Error> {
-                Self::parse(&$view::new_checked(body)?)
+                Self::parse(&$view::new_unchecked(body))
             }
         }
         impl $crate::smb2::Smb2Body for $repr {
