@@ -821,31 +821,27 @@ impl RdmaOps {
         rdma_slice::slice(&arr, offset, u64::from(len)).map_err(RdmaError::Descriptors)?;
         let head = descs.len() + context.len();
         let aux_len = head + pieces.len() * PIECE_BYTES;
-        let write = |b: &mut [u8]| {
-            b[..descs.len()].copy_from_slice(descs);
-            b[descs.len()..head].copy_from_slice(context);
-            for (p, out) in pieces
-                .iter()
-                .zip(b[head..aux_len].chunks_exact_mut(PIECE_BYTES))
-            {
-                p.encode(out);
+        // One destination, then one copy: written once, so it stays inline.
+        let (at, b): (AuxAt, &mut [u8]) = match inline.filter(|_| aux_len <= INLINE_AUX) {
+            Some(b) => (AuxAt::Inline, &mut b[..aux_len]),
+            None => {
+                let aux = alloc_at_least(alloc, pool, aux_len).map_err(map_alloc)?;
+                // SAFETY: `aux` was just allocated and is exclusively ours.
+                match unsafe { pool.bytes_mut(aux) } {
+                    Some(b) if b.len() >= aux_len => (AuxAt::Pool(aux), &mut b[..aux_len]),
+                    _ => {
+                        let _ = alloc.free(aux);
+                        return Err(RdmaError::Backpressure(Backpressure::PoolExhausted));
+                    }
+                }
             }
         };
-        let lens = (descs.len() as u32, context.len() as u32);
-        if let Some(b) = inline.filter(|_| aux_len <= INLINE_AUX) {
-            write(&mut b[..aux_len]);
-            return Ok((AuxAt::Inline, lens.0, lens.1));
+        b[..descs.len()].copy_from_slice(descs);
+        b[descs.len()..head].copy_from_slice(context);
+        for (p, out) in pieces.iter().zip(b[head..].chunks_exact_mut(PIECE_BYTES)) {
+            p.encode(out);
         }
-        let aux = alloc_at_least(alloc, pool, aux_len).map_err(map_alloc)?;
-        // SAFETY: `aux` was just allocated and is exclusively ours.
-        match unsafe { pool.bytes_mut(aux) } {
-            Some(b) if b.len() >= aux_len => write(&mut b[..aux_len]),
-            _ => {
-                let _ = alloc.free(aux);
-                return Err(RdmaError::Backpressure(Backpressure::PoolExhausted));
-            }
-        }
-        Ok((AuxAt::Pool(aux), lens.0, lens.1))
+        Ok((at, descs.len() as u32, context.len() as u32))
     }
 
     /// Stages a new operation (see [`crate::upper::Replies::rdma_read`]).
