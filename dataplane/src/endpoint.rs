@@ -1228,16 +1228,12 @@ impl RdmaOps {
         scratch: &'a mut [u8; INLINE_AUX],
     ) -> &'a [u8] {
         let range = op.descs_len as usize..(op.descs_len + op.ctx_len) as usize;
-        let bytes: Option<&'a [u8]> = match op.aux {
-            AuxAt::Inline => {
-                *scratch = self.inline[op.slot];
-                Some(&scratch[..])
-            }
-            // SAFETY: the op is done: nothing writes its aux buffer, which
-            // is never given to the provider.
-            AuxAt::Pool(b) => unsafe { pool.bytes(b) },
-        };
-        bytes.and_then(|b| b.get(range)).unwrap_or(&[])
+        if op.aux == AuxAt::Inline {
+            *scratch = self.inline[op.slot];
+        }
+        aux_bytes(Some(op.aux), scratch, pool)
+            .and_then(|b| b.get(range))
+            .unwrap_or(&[])
     }
 
     /// Frees every operation with nothing in flight (connection teardown).
