@@ -46,6 +46,15 @@
 #      >= 1). "not run" when the guest or the kernel-smbd rig is missing,
 #      skipped with --no-cifs. It adds ~15 min (TCG guest) at 5 pairs.
 #
+# Hugepages: the soft rows run with the pools on 2 MiB hugepages, as a
+# storage node's are (README, "Hugepages"). Run as root with fewer than
+# --hugemem MiB free (default 1024), the script reserves them with
+# scripts/setup-hugepages.sh and gives them back at exit; --no-hugepages
+# leaves the machine as it is. The table's header says which pages the
+# pools had (without hugepages the server falls back to 4 KiB pages and
+# says so: READ 4 KiB QD 32 ran ~5-20 % slower that way on the 2-core
+# development machine).
+#
 # --rxe-vm: the verbs rows instead, inside the Soft-RoCE guest of
 # ../shared/rxe-vm (booted under `flock /tmp/rxe-vm.lock`: one VM at a
 # time): `send`, `read` and `write` of 64 B, 512 B and 4 KiB against
@@ -72,6 +81,8 @@ rxe_vm=0
 in_guest=0
 cifs=1
 iterations=2000
+hugepages=1
+hugemem=1024
 
 usage() {
 	sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -90,6 +101,8 @@ while [ $# -gt 0 ]; do
 	--in-rxe-guest) in_guest=1; shift ;;
 	--iterations) iterations=$2; shift 2 ;;
 	--no-cifs) cifs=0; shift ;;
+	--no-hugepages) hugepages=0; shift ;;
+	--hugemem) hugemem=$2; shift 2 ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 	esac
@@ -342,6 +355,27 @@ if [ "$rxe_vm" = 1 ]; then
 	exit 0
 fi
 
+# 2 MiB pages free, in MiB.
+huge_free_mib() {
+	awk '$1 == "HugePages_Free:" { f = $2 } $1 == "Hugepagesize:" { s = $2 }
+		END { print int(f * s / 1024) }' /proc/meminfo
+}
+huge_restore=""
+if [ "$hugepages" = 1 ] && [ "$(huge_free_mib)" -lt "$hugemem" ]; then
+	if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+		huge_restore=$(cat /proc/sys/vm/nr_hugepages)
+		trap 'echo "$huge_restore" >/proc/sys/vm/nr_hugepages 2>/dev/null || true; rm -rf "$tmp"' EXIT
+		if ! HUGEMEM=$((hugemem + huge_restore * 2)) scripts/setup-hugepages.sh config >"$tmp/huge.log" 2>&1; then
+			echo "bench.sh: could not reserve $hugemem MiB of hugepages (the rows run on what there is):" >&2
+			tail -3 "$tmp/huge.log" >&2
+		fi
+	else
+		echo "bench.sh: fewer than $hugemem MiB of hugepages free and not root: the pools may fall back to 4 KiB pages" >&2
+	fi
+fi
+pages_note="pools on 2 MiB hugepages ($(huge_free_mib) MiB free at start)"
+[ "$(huge_free_mib)" -gt 0 ] || pages_note="NO hugepages reserved: pools on 4 KiB pages"
+
 pair "SMBD send vs raw provider, 512 B, p50 round trip (us)" p50 "<=" 1.15 \
 	"--workload send --size 512" "--workload raw-send --size 512"
 pair "soft Send/Recv vs cache-line ping-pong, p50 round trip (us)" p50 "<=" 3 \
@@ -398,4 +432,4 @@ else
 fi
 
 print_table "smbdirectd bench matrix" \
-	"started $started, commit $rev, $(nproc) cores, provider soft, one server worker, $pairs pairs of ${duration} s runs (+${warmup} s warm-up) alternating A B, B A, ...; ratio = median of per-pair A/B${cores:+, cores $cores}"
+	"started $started, commit $rev, $(nproc) cores, provider soft, one server worker, $pages_note, $pairs pairs of ${duration} s runs (+${warmup} s warm-up) alternating A B, B A, ...; ratio = median of per-pair A/B${cores:+, cores $cores}"
