@@ -180,7 +180,12 @@ pub struct SoftConfig {
     pub grant_slots: u32,
     /// Grant slots reserved per queue pair (at most its `max_send_wr`).
     pub grants_per_qp: u32,
-    /// Registered regions (a power of two, 1..=1024).
+    /// Registered regions (a power of two, 1..=1024). Regions are never
+    /// deregistered, and every client connection registers its own pool:
+    /// in one process (`bench --loopback`, a client opening many
+    /// connections) this bounds the connections it makes. A handshake
+    /// with another process passes the fds of all of them, at most 252 of
+    /// those with one (the kernel's SCM_MAX_FD less the grant table's).
     pub max_regions: u32,
     /// Reuse a grant slot the peer invalidated with Send with Invalidate
     /// even though its owner never revoked it (true by default). `false`
@@ -195,7 +200,7 @@ impl Default for SoftConfig {
         SoftConfig {
             grant_slots: 1 << 16,
             grants_per_qp: 256,
-            max_regions: 64,
+            max_regions: 256,
             reclaim_invalidated: true,
         }
     }

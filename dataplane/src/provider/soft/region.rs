@@ -47,6 +47,11 @@ pub(crate) struct RegionExport {
     pub(crate) fd_offset: u64,
 }
 
+/// The most regions with an fd one handshake message passes: the
+/// kernel's SCM_MAX_FD (253 fds per `SCM_RIGHTS` message) less the grant
+/// table's segment, sent with them.
+pub(crate) const MAX_SHARED_REGIONS: usize = 252;
+
 /// This provider's registered regions: a fixed table indexed by the low
 /// bits of the lkey (the rest random). Regions are never deregistered: the
 /// [`crate::provider::Provider::register`] contract keeps them mapped for the
@@ -165,9 +170,20 @@ impl LocalRegions {
     }
 
     /// Every region registered so far, and duplicates of the fds of those
-    /// that have one (in the same order), for a peer process.
+    /// that have one (in the same order), for a peer process. More than
+    /// [`MAX_SHARED_REGIONS`] with an fd do not fit one handshake message:
+    /// an error that says so (the kernel would refuse the message with a
+    /// bare EINVAL).
     pub(crate) fn export(&self) -> std::io::Result<(Vec<RegionExport>, Vec<OwnedFd>)> {
         let setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = setup.fds.iter().filter(|f| f.is_some()).count();
+        if shared > MAX_SHARED_REGIONS {
+            return Err(std::io::Error::other(format!(
+                "this process has registered {shared} shared memory regions (one per pool, \
+                 e.g. per client connection); a soft-provider handshake passes at most \
+                 {MAX_SHARED_REGIONS} (SCM_MAX_FD less the grant table's)"
+            )));
+        }
         let mut regions = Vec::with_capacity(setup.count as usize);
         let mut fds = Vec::new();
         for (i, fd) in setup.fds.iter().enumerate() {
@@ -320,6 +336,7 @@ impl PeerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
 
     #[test]
     fn lkeys_name_their_region_and_bounds_are_checked() {
@@ -349,6 +366,59 @@ mod tests {
         let (exported, fds) = regions.export().unwrap();
         assert_eq!(exported.len(), 2);
         assert!(fds.is_empty());
+    }
+
+    #[test]
+    fn more_shared_regions_than_a_handshake_passes_is_an_error_that_says_so() {
+        let fd = memfd(4096);
+        let regions = LocalRegions::new(512);
+        let mut a = vec![0u8; 64];
+        for _ in 0..MAX_SHARED_REGIONS {
+            regions
+                .register(a.as_mut_ptr(), 64, Some((fd.as_raw_fd(), 0)))
+                .unwrap();
+        }
+        // Regions without an fd cost the handshake no fd.
+        regions.register(a.as_mut_ptr(), 64, None).unwrap();
+        let (exported, fds) = regions.export().unwrap();
+        assert_eq!(
+            (exported.len(), fds.len()),
+            (MAX_SHARED_REGIONS + 1, MAX_SHARED_REGIONS)
+        );
+        drop(fds);
+        regions
+            .register(a.as_mut_ptr(), 64, Some((fd.as_raw_fd(), 0)))
+            .unwrap();
+        let e = regions.export().unwrap_err().to_string();
+        assert!(
+            e.contains("253 shared memory regions") && e.contains("at most 252"),
+            "{e}"
+        );
+    }
+
+    /// A 4 KiB memfd, as a pool's backing.
+    fn memfd(len: i64) -> OwnedFd {
+        // SAFETY: a NUL-terminated name; the fd returned is new and ours.
+        let raw = unsafe { libc::memfd_create(c"region-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(
+            raw >= 0,
+            "memfd_create: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `raw` is a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: `fd` is open.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
+        fd
+    }
+
+    #[test]
+    fn the_default_table_holds_a_connection_per_region_beyond_64() {
+        let regions = LocalRegions::new(crate::provider::soft::SoftConfig::default().max_regions);
+        let mut a = vec![0u8; 8];
+        for _ in 0..200 {
+            regions.register(a.as_mut_ptr(), 8, None).unwrap();
+        }
     }
 
     #[test]
