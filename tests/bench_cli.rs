@@ -86,6 +86,17 @@ fn check_outputs(dir: &Path, workload: &str, size: u64) {
     for k in ["server_cores", "client_cores", "credit_stalls"] {
         assert!(json.contains(&format!("\"{k}\":")), "{k} missing: {json}");
     }
+    // Busy shares of the measured window: the client's loop always; the
+    // server's where bench runs it (SMB Direct workloads on loopback), not
+    // for raw-send's bare echo thread.
+    let client_busy = number(&json, "client_busy_pct");
+    assert!(client_busy > 0.0 && client_busy <= 100.0, "{json}");
+    if workload == "raw-send" {
+        assert!(json.contains("\"server_busy_pct\": null"), "{json}");
+    } else {
+        let server_busy = number(&json, "server_busy_pct");
+        assert!(server_busy > 0.0 && server_busy <= 100.0, "{json}");
+    }
     assert_eq!(number(&json, "size"), size as f64);
     assert_eq!(number(&json, "queue_depth"), 1.0);
     assert_eq!(number(&json, "connections"), 1.0);

@@ -166,7 +166,7 @@ impl ServerStats {
         let t = self.totals();
         let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / secs.max(1e-9);
         format!(
-            "conns {} sessions {} opens {} flows {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | RDMA MB/s read {:.1} written {:.1} | credit stalls {} | rnr {} | errors {}",
+            "conns {} sessions {} opens {} flows {} | msgs/s in {:.0} out {:.0} | MB/s in {:.1} out {:.1} | RDMA MB/s read {:.1} written {:.1} | workers busy {} | credit stalls {} | rnr {} | errors {}",
             t.connections,
             t.sessions,
             t.opens,
@@ -179,6 +179,9 @@ impl ServerStats {
             // the messages counted before
             rate(t.rdma_read_bytes, prev.rdma_read_bytes) / 1e6,
             rate(t.rdma_write_bytes, prev.rdma_write_bytes) / 1e6,
+            // Summed over workers: the mean load of their cores.
+            t.busy_fraction_since(prev)
+                .map_or_else(|| "-".to_string(), |f| format!("{:.0} %", f * 100.0)),
             t.credit_stalls,
             t.rnr,
             t.protocol_errors + t.rdma_errors
@@ -189,7 +192,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{},\"rdma_table_waits\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{},\"rdma_table_waits\":{},\"busy_cycles\":{},\"idle_cycles\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -211,7 +214,9 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.rdma_write_bytes,
         t.rdma_posts,
         t.replies_chained,
-        t.rdma_table_waits
+        t.rdma_table_waits,
+        t.busy_cycles,
+        t.idle_cycles
     );
 }
 
@@ -235,6 +240,11 @@ mod tests {
         WorkerStats::add(&workers[1].rdma_read_bytes, 1_000_000);
         WorkerStats::add(&workers[1].rdma_write_bytes, 1_000_000);
         WorkerStats::add(&workers[0].bytes_in, 2_000_000);
+        // Worker 0 busy 3/4 of its loop cycles, worker 1 1/4: half overall.
+        WorkerStats::add(&workers[0].busy_cycles, 3_000);
+        WorkerStats::add(&workers[0].idle_cycles, 1_000);
+        WorkerStats::add(&workers[1].busy_cycles, 1_000);
+        WorkerStats::add(&workers[1].idle_cycles, 3_000);
         let stats = ServerStats {
             workers,
             worker_cores: vec![None, None],
@@ -252,7 +262,15 @@ mod tests {
         let line = stats.line(&WorkerStatsSnapshot::default(), 2.0);
         assert!(line.contains("MB/s in 1.0 out 0.0"), "{line}");
         assert!(line.contains("RDMA MB/s read 1.5 written 0.5"), "{line}");
+        assert!(line.contains("workers busy 50 %"), "{line}");
+        // No cycles counted since the last line: no share to show.
+        let line = stats.line(&stats.totals(), 2.0);
+        assert!(line.contains("workers busy - |"), "{line}");
         let json = stats.to_json();
+        assert!(
+            json.contains("\"busy_cycles\":4000,\"idle_cycles\":4000"),
+            "{json}"
+        );
         assert!(json.contains("\"rdma_read_bytes\":3000000"), "{json}");
         assert!(json.contains("\"rdma_write_bytes\":1000000"), "{json}");
     }

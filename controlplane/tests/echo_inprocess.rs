@@ -57,6 +57,23 @@ fn echo_server_returns_every_message_intact_and_every_buffer_on_shutdown() {
     let t = server.stats().totals();
     assert_eq!(t.messages_in, 8);
     assert_eq!(t.messages_out, 8);
+    // The poll loop charged the echoes' iterations to busy and the waits
+    // between them to idle; both sums only grow. With nothing arriving
+    // for a while, idle grows and busy does not (an iteration with no
+    // completion, message or timer does no work: the timer scan runs
+    // every few ms, so busy may move by a few of those, not by more than
+    // idle).
+    assert!(t.busy_cycles > 0 && t.idle_cycles > 0, "{t:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    let later = server.stats().totals();
+    assert!(later.idle_cycles > t.idle_cycles, "{t:?} then {later:?}");
+    assert!(later.busy_cycles >= t.busy_cycles, "{t:?} then {later:?}");
+    assert!(
+        later.idle_cycles - t.idle_cycles > later.busy_cycles - t.busy_cycles,
+        "idle for 50 ms yet more busy cycles than idle ones: {t:?} then {later:?}"
+    );
+    let f = later.busy_fraction_since(&t).expect("cycles were counted");
+    assert!((0.0..0.9).contains(&f), "{f}");
     let _alloc = client.close(Duration::from_secs(2));
     let stats = server.shutdown();
     for c in stats.pool_classes() {

@@ -504,6 +504,25 @@ pub fn now() -> Instant {
     }
 }
 
+/// A free-running count for busy/idle accounting on one pinned thread
+/// (the worker's poll loop, the bench's client loop): the TSC on x86_64
+/// (`rdtsc`, ~20-40 cycles, no serialisation: an iteration's boundary to
+/// within a few dozen cycles), [`now_ns`] elsewhere. Only differences
+/// taken on the same thread mean anything, and only as fractions of one
+/// another (busy / (busy + idle)): the unit is not calibrated.
+#[inline]
+pub fn cycles() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc has no preconditions on x86_64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        now_ns()
+    }
+}
+
 /// [`now`] as nanoseconds since a fixed instant of this process (the same
 /// for every thread). For a loop that keeps its time as a number: where
 /// [`now`] runs on the TSC this is integer arithmetic between anchors,

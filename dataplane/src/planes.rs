@@ -364,6 +364,14 @@ pub struct WorkerStats {
     /// Times a connection's next message waited for a free slot in its
     /// RDMA operation table (all its operations in flight).
     pub rdma_table_waits: AtomicU64,
+    /// [`crate::clock::cycles`] spent in poll-loop iterations that found
+    /// work (completions, control messages, upper-layer wakes, service,
+    /// timers), and in those that found none (including idle sleeps):
+    /// busy / (busy + idle) over an interval is how loaded the worker's
+    /// core was, as SPDK reports a reactor's busy and idle ticks.
+    pub busy_cycles: AtomicU64,
+    /// See [`WorkerStats::busy_cycles`].
+    pub idle_cycles: AtomicU64,
     /// Set when the worker thread has exited.
     pub exited: AtomicBool,
 }
@@ -404,6 +412,8 @@ impl WorkerStats {
             rdma_posts: g(&self.rdma_posts),
             replies_chained: g(&self.replies_chained),
             rdma_table_waits: g(&self.rdma_table_waits),
+            busy_cycles: g(&self.busy_cycles),
+            idle_cycles: g(&self.idle_cycles),
         }
     }
 }
@@ -455,6 +465,20 @@ pub struct WorkerStatsSnapshot {
     pub replies_chained: u64,
     /// Messages that waited for a free RDMA operation slot.
     pub rdma_table_waits: u64,
+    /// Poll-loop cycles with work ([`WorkerStats::busy_cycles`]).
+    pub busy_cycles: u64,
+    /// Poll-loop cycles without work.
+    pub idle_cycles: u64,
+}
+
+impl WorkerStatsSnapshot {
+    /// The share of poll-loop cycles that found work since `prev` (None
+    /// when no cycles were counted in between).
+    pub fn busy_fraction_since(&self, prev: &WorkerStatsSnapshot) -> Option<f64> {
+        let busy = self.busy_cycles.saturating_sub(prev.busy_cycles);
+        let idle = self.idle_cycles.saturating_sub(prev.idle_cycles);
+        (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
+    }
 }
 
 impl core::ops::AddAssign for WorkerStatsSnapshot {
@@ -481,6 +505,8 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.rdma_posts += o.rdma_posts;
         self.replies_chained += o.replies_chained;
         self.rdma_table_waits += o.rdma_table_waits;
+        self.busy_cycles += o.busy_cycles;
+        self.idle_cycles += o.idle_cycles;
     }
 }
 

@@ -43,6 +43,7 @@ pub use report::Report;
 pub use workload::{Outcome, Session, Workload};
 
 use progress::Progress;
+use smbdirect_controlplane::RunningServer;
 use smbdirect_dataplane::provider::soft::SoftProvider;
 use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
 use smbdirect_dataplane::provider::Provider;
@@ -203,7 +204,8 @@ fn run_on<P: Provider>(
                 Target::Connect(addr) => (addr, None),
             };
             let w = send::SendWorkload::new(provider.clone(), addr, opts, retained);
-            let r = runner::run(&w, &plan, &mut progress);
+            let probe = server.as_ref().map(worker_cycles);
+            let r = runner::run_with(&w, &plan, &mut progress, probe.as_ref().map(as_probe));
             if let Some(s) = server {
                 s.shutdown();
             }
@@ -249,8 +251,9 @@ fn run_on<P: Provider>(
                 }
                 Target::Connect(addr) => (addr, None),
             };
+            let probe = server.as_ref().map(worker_cycles);
             let r = smb2::Smb2Workload::new(provider.clone(), addr, opts, retained).and_then(|w| {
-                let m = runner::run(&w, &plan, &mut progress)?;
+                let m = runner::run_with(&w, &plan, &mut progress, probe.as_ref().map(as_probe))?;
                 Ok((w.channel(), w.flow_reports(), m))
             });
             if let Some(s) = server {
@@ -281,6 +284,25 @@ fn run_on<P: Provider>(
         }
     };
     Ok(report(opts, name, m))
+}
+
+/// The loopback server's workers' busy and idle poll-loop cycles, summed
+/// (`WorkerStats::busy_cycles`), for `runner::run_with`.
+fn worker_cycles(server: &RunningServer) -> impl Fn() -> runner::LoopCycles + Sync {
+    let stats = server.stats().clone();
+    move || {
+        let t = stats.totals();
+        runner::LoopCycles {
+            busy: t.busy_cycles,
+            idle: t.idle_cycles,
+        }
+    }
+}
+
+fn as_probe<F: Fn() -> runner::LoopCycles + Sync>(
+    f: &F,
+) -> &(dyn Fn() -> runner::LoopCycles + Sync) {
+    f
 }
 
 /// Renders one output file's contents.

@@ -250,6 +250,15 @@ impl Report {
                 if sends == 1 { "" } else { "s" }
             );
         }
+        if self.m.client_busy.is_some() || self.m.server_busy.is_some() {
+            let pct = |f: Option<f64>| f.map_or("-".to_string(), |f| format!("{:.1} %", f * 100.0));
+            let _ = write!(
+                s,
+                "\nbusy (loop cycles with work, measured window): client {}, server {}",
+                pct(self.m.client_busy),
+                pct(self.m.server_busy)
+            );
+        }
         if let Some(flows) = self.smb2.as_ref().and_then(|x| x.flows.as_ref()) {
             for f in flows {
                 let _ = write!(
@@ -306,6 +315,9 @@ impl Report {
         field("pinned", self.m.pinned.to_string());
         field("server_cores", cores_json(&self.server_cores));
         field("client_cores", cores_json(&self.client_cores));
+        let pct = |f: Option<f64>| f.map_or("null".to_string(), |f| num(f * 100.0));
+        field("client_busy_pct", pct(self.m.client_busy));
+        field("server_busy_pct", pct(self.m.server_busy));
         if let Some(m) = self.max_send_size {
             field("max_send_size", m.to_string());
         }
@@ -376,6 +388,8 @@ mod tests {
                 elapsed: Duration::from_secs(1),
                 pinned: true,
                 threads: 1,
+                client_busy: Some(0.975),
+                server_busy: None,
             },
             smb2: None,
             memcpy_span: None,
@@ -404,6 +418,8 @@ mod tests {
             "\"server_cores\": [1]",
             "\"client_cores\": [0]",
             "\"rate\": 1000",
+            "\"client_busy_pct\": 97.5",
+            "\"server_busy_pct\": null",
         ] {
             assert!(j.contains(k), "{k} missing from {j}");
         }
@@ -448,6 +464,7 @@ mod tests {
             "errors 0",
             "ops/s",
             "MB/s",
+            "busy (loop cycles with work, measured window): client 97.5 %, server -",
         ] {
             assert!(t.contains(k), "{k} missing from {t}");
         }

@@ -80,6 +80,31 @@ pub struct Measurement {
     pub pinned: bool,
     /// Client threads used.
     pub threads: usize,
+    /// Share of the client threads' loop cycles that found work
+    /// (completions or starts) over the measured window, summed over the
+    /// threads ([`clock::cycles`]; None when not sampled).
+    pub client_busy: Option<f64>,
+    /// The same for the server's poll loops, where the caller can read them
+    /// ([`run_with`]'s probe: the loopback server's workers).
+    pub server_busy: Option<f64>,
+}
+
+/// Busy and idle loop cycles of some threads, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopCycles {
+    /// Cycles of iterations that found work.
+    pub busy: u64,
+    /// Cycles of iterations that found none.
+    pub idle: u64,
+}
+
+impl LoopCycles {
+    /// busy / (busy + idle) between `earlier` and `self`.
+    pub fn busy_since(self, earlier: LoopCycles) -> Option<f64> {
+        let busy = self.busy.saturating_sub(earlier.busy);
+        let idle = self.idle.saturating_sub(earlier.idle);
+        (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
+    }
 }
 
 /// A new latency histogram (ns).
@@ -95,6 +120,10 @@ struct Counters {
     errors: AtomicU64,
     /// The thread's measured loop is over (it is closing its sessions).
     drained: AtomicBool,
+    /// [`clock::cycles`] of loop iterations with and without work (the
+    /// thread's running sums, for [`Measurement::client_busy`]).
+    busy_cycles: AtomicU64,
+    idle_cycles: AtomicU64,
 }
 
 /// Start gate shared by the client threads and the caller.
@@ -157,6 +186,20 @@ pub fn run<W: Workload>(
     plan: &Plan,
     progress: &mut Progress,
 ) -> Result<Measurement, BenchError> {
+    run_with(workload, plan, progress, None)
+}
+
+/// [`run`], also sampling `server` (the busy and idle cycles of the
+/// threads serving the workload, e.g. the loopback server's workers) and
+/// the client threads' own at the start of the measured window and when
+/// the threads have drained (the caller's thread samples every 20 ms), for
+/// [`Measurement::server_busy`] and [`Measurement::client_busy`].
+pub fn run_with<W: Workload>(
+    workload: &W,
+    plan: &Plan,
+    progress: &mut Progress,
+    server: Option<&(dyn Fn() -> LoopCycles + Sync)>,
+) -> Result<Measurement, BenchError> {
     let threads = plan.client_cores.len().min(plan.connections).max(1);
     let gate = Gate::default();
     let counters: Vec<Counters> = (0..threads).map(|_| Counters::default()).collect();
@@ -188,13 +231,50 @@ pub fn run<W: Workload>(
         while gate.ready.load(Ordering::Acquire) < threads && !gate.abort.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
+        let client_cycles = || {
+            counters
+                .iter()
+                .fold(LoopCycles::default(), |a, c| LoopCycles {
+                    busy: a.busy + c.busy_cycles.load(Ordering::Relaxed),
+                    idle: a.idle + c.idle_cycles.load(Ordering::Relaxed),
+                })
+        };
+        let sample = || (client_cycles(), server.map(|f| f()));
+        // (client, server) cycles at the window's start, then its end.
+        let mut window: [Option<(LoopCycles, Option<LoopCycles>)>; 2] = [None, None];
         if !gate.abort.load(Ordering::Acquire) {
             let t0 = clock::now();
             let _ = gate.t0.set(t0);
             gate.go.store(true, Ordering::Release);
+            // The window: from the end of the warm-up to the end of the
+            // duration (or, with --iterations, until the threads drain).
+            let start_at = t0 + plan.warmup;
+            let end_at = match plan.stop {
+                Stop::After(d) => Some(start_at + d),
+                Stop::Iterations(_) => None,
+            };
             while !handles.iter().all(|h| h.is_finished()) {
-                std::thread::sleep(Duration::from_millis(20));
-                if counters.iter().all(|c| c.drained.load(Ordering::Relaxed)) {
+                // Wake at the window's edges, else every 20 ms.
+                let now = clock::now();
+                let edge = [
+                    window[0].is_none().then_some(start_at),
+                    end_at.filter(|_| window[1].is_none()),
+                ]
+                .into_iter()
+                .flatten()
+                .filter(|&t| t > now)
+                .min();
+                let nap = Duration::from_millis(20);
+                std::thread::sleep(edge.map_or(nap, |t| (t - now).min(nap)));
+                let now = clock::now();
+                if window[0].is_none() && now >= start_at {
+                    window[0] = Some(sample());
+                }
+                let drained = counters.iter().all(|c| c.drained.load(Ordering::Relaxed));
+                if window[1].is_none() && (end_at.is_some_and(|e| now >= e) || drained) {
+                    window[1] = Some(sample());
+                }
+                if drained {
                     // Clear the line before closing connections logs anything.
                     progress.finish();
                     continue;
@@ -245,6 +325,13 @@ pub fn run<W: Workload>(
             (Some(m), Some(l)) => l.saturating_duration_since(m),
             _ => Duration::ZERO,
         };
+        let (client_busy, server_busy) = match window {
+            [Some((c0, s0)), Some((c1, s1))] => (
+                c1.busy_since(c0),
+                s0.zip(s1).and_then(|(s0, s1)| s1.busy_since(s0)),
+            ),
+            _ => (None, None),
+        };
         Ok(Measurement {
             histogram,
             ops,
@@ -253,6 +340,8 @@ pub fn run<W: Workload>(
             elapsed,
             pinned,
             threads,
+            client_busy,
+            server_busy,
         })
     })
 }
@@ -369,7 +458,23 @@ fn drive<S: Session>(
     let (mut ops, mut errors, mut completed) = (0u64, 0u64, 0u64);
     let mut last_done = None;
     let mut turn = 0u64;
+    // Busy and idle cycles (Counters::busy_cycles): each pass over the
+    // connections is charged to one or the other by whether it found work.
+    let (mut busy_cycles, mut idle_cycles) = (0u64, 0u64);
+    let mut last_cycles = clock::cycles();
+    let mut worked = false;
     loop {
+        let c = clock::cycles();
+        let spent = c.wrapping_sub(last_cycles);
+        last_cycles = c;
+        if worked {
+            busy_cycles = busy_cycles.wrapping_add(spent);
+            counters.busy_cycles.store(busy_cycles, Ordering::Relaxed);
+        } else {
+            idle_cycles = idle_cycles.wrapping_add(spent);
+            counters.idle_cycles.store(idle_cycles, Ordering::Relaxed);
+        }
+        worked = false;
         turn = turn.wrapping_add(1);
         if turn % 1024 == 0 && gate.abort.load(Ordering::Relaxed) {
             return Err(aborted());
@@ -420,6 +525,7 @@ fn drive<S: Session>(
                 ));
             }
             if progressed {
+                worked = true;
                 counters.completed.store(completed, Ordering::Relaxed);
                 counters.errors.store(errors, Ordering::Relaxed);
             }
@@ -453,6 +559,7 @@ fn drive<S: Session>(
                     c.last_progress = now;
                 }
                 c.session.start(slot, c.seq)?;
+                worked = true;
                 c.seq += 1;
                 c.outstanding += 1;
                 if let Some(iv) = interval {
