@@ -191,16 +191,34 @@ rows=()
 # one (bench-cifs.sh found such an effect in the rxe guest).
 first_a() { (($1 % 2 == 0)); }
 
+# The last run's busy shares, "client/server" in whole percent ("-" for
+# a side not measured: bench's client_busy_pct / server_busy_pct).
+busy_of() {
+	local c s
+	c=$(sed -n 's/^ *"client_busy_pct": \([0-9.]*\),\{0,1\}$/\1/p' "$tmp/run.json")
+	s=$(sed -n 's/^ *"server_busy_pct": \([0-9.]*\),\{0,1\}$/\1/p' "$tmp/run.json")
+	if [ -n "$c" ]; then c=$(printf '%.0f' "$c"); else c=-; fi
+	if [ -n "$s" ]; then s=$(printf '%.0f' "$s"); else s=-; fi
+	echo "$c/$s"
+}
+
 # both_runs METRIC I "A args" "B args": pair I's two soft runs, their
-# figures in run_a and run_b; A runs first in even pairs, B in odd ones.
+# figures in run_a and run_b (and busy shares in busy_a, busy_b); A runs
+# first in even pairs, B in odd ones.
 both_runs() {
-	local key=$1 i=$2 first=$3 second=$4 r1 r2
+	local key=$1 i=$2 first=$3 second=$4 r1 r2 b1 b2
 	first_a "$i" || { first=$4 second=$3; }
 	# shellcheck disable=SC2086
 	r1=$(metric_of "$key" --provider soft --duration "$duration" $first)
+	b1=$(busy_of)
 	# shellcheck disable=SC2086
 	r2=$(metric_of "$key" --provider soft --duration "$duration" $second)
-	if first_a "$i"; then run_a=$r1 run_b=$r2; else run_a=$r2 run_b=$r1; fi
+	b2=$(busy_of)
+	if first_a "$i"; then
+		run_a=$r1 run_b=$r2 busy_a=$b1 busy_b=$b2
+	else
+		run_a=$r2 run_b=$r1 busy_a=$b2 busy_b=$b1
+	fi
 }
 
 # pair NAME METRIC OP TARGET "A args" "B args": alternates A and B, appends
@@ -226,20 +244,25 @@ pair() {
 # two NAME_A OP_A TARGET_A NAME_B OP_B TARGET_B METRIC "A args" "B args":
 # alternates A and B (no baseline: two absolute figures sharing the same
 # noise) and appends one row for each, with its median and runs.
+# The runs column of these rows also gives each run's busy shares
+# (client/server %, bench's client_busy_pct / server_busy_pct): which side
+# limited the ops/s.
 two() {
 	local na=$1 oa=$2 ta=$3 nb=$4 ob=$5 tb=$6 key=$7 a=$8 b=$9
-	local as=() bs=() i pa pb ma mb
+	local as=() bs=() bas=() bbs=() i pa pb ma mb
 	for ((i = 0; i < pairs; i++)); do
 		both_runs "$key" "$i" "$a" "$b"
 		pa=$run_a pb=$run_b
 		as+=("$pa")
 		bs+=("$pb")
-		echo "bench.sh: $na / $nb run $((i + 1))/$pairs: $pa / $pb" >&2
+		bas+=("$busy_a")
+		bbs+=("$busy_b")
+		echo "bench.sh: $na / $nb run $((i + 1))/$pairs: $pa / $pb (busy client/server % $busy_a / $busy_b)" >&2
 	done
 	ma=$(printf '%s\n' "${as[@]}" | median)
 	mb=$(printf '%s\n' "${bs[@]}" | median)
-	rows+=("| $na | \`$a\` | $ma | - | - | - | $oa $ta | $(verdict "$ma" "$oa" "$ta") | ${as[*]} |")
-	rows+=("| $nb | \`$b\` | $mb | - | - | - | $ob $tb | $(verdict "$mb" "$ob" "$tb") | ${bs[*]} |")
+	rows+=("| $na | \`$a\` | $ma | - | - | - | $oa $ta | $(verdict "$ma" "$oa" "$ta") | ${as[*]}; busy client/server % ${bas[*]} |")
+	rows+=("| $nb | \`$b\` | $mb | - | - | - | $ob $tb | $(verdict "$mb" "$ob" "$tb") | ${bs[*]}; busy client/server % ${bbs[*]} |")
 }
 
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
