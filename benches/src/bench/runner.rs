@@ -191,9 +191,10 @@ pub fn run<W: Workload>(
 
 /// [`run`], also sampling `server` (the busy and idle cycles of the
 /// threads serving the workload, e.g. the loopback server's workers) and
-/// the client threads' own at the start of the measured window and when
-/// the threads have drained (the caller's thread samples every 20 ms), for
-/// [`Measurement::server_busy`] and [`Measurement::client_busy`].
+/// the client threads' own at the start of the measured window and at its
+/// end (`--duration`), or when the threads have drained (`--iterations`),
+/// for [`Measurement::server_busy`] and [`Measurement::client_busy`]. The
+/// caller's thread wakes at those edges (else every 20 ms, as before).
 pub fn run_with<W: Workload>(
     workload: &W,
     plan: &Plan,
