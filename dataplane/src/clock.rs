@@ -523,6 +523,59 @@ pub fn cycles() -> u64 {
     }
 }
 
+/// busy / (busy + idle), or None when no cycles were counted.
+#[inline]
+pub fn busy_share(busy: u64, idle: u64) -> Option<f64> {
+    let all = busy.saturating_add(idle);
+    (all > 0).then(|| busy as f64 / all as f64)
+}
+
+/// A loop's busy and idle [`cycles`], published as two running sums (one
+/// writer: the loop's thread; readers load them): the worker's poll loop
+/// ([`crate::planes::WorkerStats::busy_cycles`]) and the bench's client
+/// loop. Each call to [`BusyMeter::charge`] charges the cycles since the
+/// previous one to busy or idle.
+#[derive(Debug)]
+pub struct BusyMeter {
+    busy: u64,
+    idle: u64,
+    last: u64,
+}
+
+impl BusyMeter {
+    /// A meter counting from now.
+    pub fn new() -> Self {
+        BusyMeter {
+            busy: 0,
+            idle: 0,
+            last: cycles(),
+        }
+    }
+
+    /// Charges the cycles since the last call (or [`BusyMeter::new`]) to
+    /// busy when `worked`, else to idle, and stores that sum in `busy` or
+    /// `idle` (a relaxed store: these have no other writer).
+    #[inline]
+    pub fn charge(&mut self, worked: bool, busy: &AtomicU64, idle: &AtomicU64) {
+        let c = cycles();
+        let spent = c.wrapping_sub(self.last);
+        self.last = c;
+        if worked {
+            self.busy = self.busy.wrapping_add(spent);
+            busy.store(self.busy, Ordering::Relaxed);
+        } else {
+            self.idle = self.idle.wrapping_add(spent);
+            idle.store(self.idle, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for BusyMeter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// [`now`] as nanoseconds since a fixed instant of this process (the same
 /// for every thread). For a loop that keeps its time as a number: where
 /// [`now`] runs on the TSC this is integer arithmetic between anchors,
@@ -600,6 +653,31 @@ pub fn tsc_stats() -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_meter_charges_each_span_to_the_side_that_worked() {
+        let (busy, idle) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut m = BusyMeter::new();
+        m.charge(true, &busy, &idle);
+        let b1 = busy.load(Ordering::Relaxed);
+        assert_eq!(idle.load(Ordering::Relaxed), 0);
+        std::thread::sleep(Duration::from_millis(2));
+        m.charge(false, &busy, &idle);
+        // The 2 ms asleep went to idle; busy kept its sum.
+        assert_eq!(busy.load(Ordering::Relaxed), b1);
+        let i1 = idle.load(Ordering::Relaxed);
+        assert!(i1 > 0);
+        m.charge(true, &busy, &idle);
+        assert!(busy.load(Ordering::Relaxed) >= b1);
+        assert_eq!(idle.load(Ordering::Relaxed), i1);
+        let share = busy_share(busy.load(Ordering::Relaxed), i1).expect("cycles counted");
+        assert!(
+            share < 0.5,
+            "a 2 ms sleep counted as idle outweighs three short spans: {share}"
+        );
+        assert_eq!(busy_share(0, 0), None);
+        assert_eq!(busy_share(3, 1), Some(0.75));
+    }
 
     #[test]
     fn cheap_clocks_keep_the_base_interval_and_costly_ones_stretch_it_up_to_a_cap() {

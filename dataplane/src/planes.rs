@@ -475,9 +475,10 @@ impl WorkerStatsSnapshot {
     /// The share of poll-loop cycles that found work since `prev` (None
     /// when no cycles were counted in between).
     pub fn busy_fraction_since(&self, prev: &WorkerStatsSnapshot) -> Option<f64> {
-        let busy = self.busy_cycles.saturating_sub(prev.busy_cycles);
-        let idle = self.idle_cycles.saturating_sub(prev.idle_cycles);
-        (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
+        crate::clock::busy_share(
+            self.busy_cycles.saturating_sub(prev.busy_cycles),
+            self.idle_cycles.saturating_sub(prev.idle_cycles),
+        )
     }
 }
 

@@ -463,8 +463,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
         let clock_idle_iterations = crate::clock::idle_polls_per_read(CLOCK_IDLE_ITERATIONS);
         // Busy and idle cycles (WorkerStats::busy_cycles): each iteration
         // is charged to one or the other by whether it found work.
-        let (mut busy_cycles, mut idle_cycles) = (0u64, 0u64);
-        let mut last_cycles = crate::clock::cycles();
+        let mut meter = crate::clock::BusyMeter::new();
         loop {
             if worked || idle_iterations >= clock_idle_iterations {
                 tick = nanos();
@@ -567,16 +566,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 std::hint::spin_loop();
             }
             // The iteration, with its pause or sleep, was busy or idle.
-            let c = crate::clock::cycles();
-            let spent = c.wrapping_sub(last_cycles);
-            last_cycles = c;
-            if work {
-                busy_cycles = busy_cycles.wrapping_add(spent);
-                self.stats.busy_cycles.store(busy_cycles, Ordering::Relaxed);
-            } else {
-                idle_cycles = idle_cycles.wrapping_add(spent);
-                self.stats.idle_cycles.store(idle_cycles, Ordering::Relaxed);
-            }
+            meter.charge(work, &self.stats.busy_cycles, &self.stats.idle_cycles);
         }
         // Take back the receive buffers lent to the control plane.
         while let Some(bits) = self.loans.pop() {

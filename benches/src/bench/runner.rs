@@ -101,9 +101,10 @@ pub struct LoopCycles {
 impl LoopCycles {
     /// busy / (busy + idle) between `earlier` and `self`.
     pub fn busy_since(self, earlier: LoopCycles) -> Option<f64> {
-        let busy = self.busy.saturating_sub(earlier.busy);
-        let idle = self.idle.saturating_sub(earlier.idle);
-        (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
+        clock::busy_share(
+            self.busy.saturating_sub(earlier.busy),
+            self.idle.saturating_sub(earlier.idle),
+        )
     }
 }
 
@@ -461,20 +462,10 @@ fn drive<S: Session>(
     let mut turn = 0u64;
     // Busy and idle cycles (Counters::busy_cycles): each pass over the
     // connections is charged to one or the other by whether it found work.
-    let (mut busy_cycles, mut idle_cycles) = (0u64, 0u64);
-    let mut last_cycles = clock::cycles();
+    let mut meter = clock::BusyMeter::new();
     let mut worked = false;
     loop {
-        let c = clock::cycles();
-        let spent = c.wrapping_sub(last_cycles);
-        last_cycles = c;
-        if worked {
-            busy_cycles = busy_cycles.wrapping_add(spent);
-            counters.busy_cycles.store(busy_cycles, Ordering::Relaxed);
-        } else {
-            idle_cycles = idle_cycles.wrapping_add(spent);
-            counters.idle_cycles.store(idle_cycles, Ordering::Relaxed);
-        }
+        meter.charge(worked, &counters.busy_cycles, &counters.idle_cycles);
         worked = false;
         turn = turn.wrapping_add(1);
         if turn % 1024 == 0 && gate.abort.load(Ordering::Relaxed) {

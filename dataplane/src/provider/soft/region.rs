@@ -336,7 +336,6 @@ impl PeerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
 
     #[test]
     fn lkeys_name_their_region_and_bounds_are_checked() {
@@ -370,7 +369,8 @@ mod tests {
 
     #[test]
     fn more_shared_regions_than_a_handshake_passes_is_an_error_that_says_so() {
-        let fd = memfd(4096);
+        let seg = super::super::shm::Segment::create(c"region-test", 4096).unwrap();
+        let fd = seg.fd();
         let regions = LocalRegions::new(512);
         let mut a = vec![0u8; 64];
         for _ in 0..MAX_SHARED_REGIONS {
@@ -394,22 +394,6 @@ mod tests {
             e.contains("253 shared memory regions") && e.contains("at most 252"),
             "{e}"
         );
-    }
-
-    /// A 4 KiB memfd, as a pool's backing.
-    fn memfd(len: i64) -> OwnedFd {
-        // SAFETY: a NUL-terminated name; the fd returned is new and ours.
-        let raw = unsafe { libc::memfd_create(c"region-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(
-            raw >= 0,
-            "memfd_create: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: `raw` is a fresh fd nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: `fd` is open.
-        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
-        fd
     }
 
     #[test]
