@@ -770,3 +770,40 @@ fn invalid_flags_get_one_line_and_exit_status_2() {
         assert!(err.starts_with("smbdirectd: "), "{args:?}: {err}");
     }
 }
+
+/// The README's main job: an echo over the soft provider, its figures, the
+/// server worker's busy share over the measured window, and every server
+/// pool buffer home after shutdown.
+#[test]
+fn the_main_job_reports_throughput_latency_busy_share_and_a_full_pool() {
+    let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))
+        .args(["loopback", "--duration", "0.5", "--warmup", "0.1"])
+        .output()
+        .expect("run smbdirectd");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("round trips/s"), "{text}");
+    assert!(text.contains("latency us: min"), "{text}");
+    let busy = text
+        .split("server worker busy (loop cycles with work) ")
+        .nth(1)
+        .and_then(|r| r.split(" %").next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no busy share: {text}"));
+    assert!(busy > 0.0 && busy <= 100.0, "{text}");
+    let pool = text
+        .lines()
+        .find_map(|l| l.strip_prefix("server pool after shutdown (free/total): "))
+        .unwrap_or_else(|| panic!("no pool line: {text}"));
+    for class in pool.split(", ") {
+        let (free, total) = class
+            .rsplit_once(' ')
+            .and_then(|(_, ft)| ft.split_once('/'))
+            .unwrap_or_else(|| panic!("{class}"));
+        assert_eq!(free, total, "{class}: {text}");
+    }
+}

@@ -51,6 +51,9 @@ pub struct LoopbackResult {
     pub server_stats: String,
     /// Pool buffers free/total on the server after shutdown, per class.
     pub server_pool_after: Vec<(String, u64, u64)>,
+    /// Share of the server worker's poll-loop cycles that found work over
+    /// the measured window (`WorkerStats::busy_cycles`).
+    pub server_busy: Option<f64>,
 }
 
 /// Runs the loopback.
@@ -98,6 +101,7 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
     let start_t = Instant::now();
     let mut measuring_since = None;
+    let mut busy_from = None;
     let mut round_trips = 0u64;
     loop {
         let el = start_t.elapsed();
@@ -105,6 +109,7 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
             break;
         }
         if measuring_since.is_none() && el >= opts.warmup {
+            busy_from = Some(server.stats().totals());
             measuring_since = Some(Instant::now());
             hist.reset();
             round_trips = 0;
@@ -121,6 +126,7 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         round_trips += 1;
     }
     let elapsed = measuring_since.map_or(Duration::ZERO, |t| t.elapsed());
+    let server_busy = busy_from.and_then(|b| server.stats().totals().busy_fraction_since(&b));
     let credit_stalls = client.connection().stats().credit_stalls;
     let server_stats = server.stats().to_json();
     let _ = client.close(Duration::from_secs(2));
@@ -137,6 +143,7 @@ pub fn run(opts: &LoopbackOptions) -> Result<LoopbackResult, String> {
         credit_stalls,
         server_stats,
         server_pool_after,
+        server_busy,
     })
 }
 
@@ -155,7 +162,7 @@ impl LoopbackResult {
             "smbdirectd loopback: SMB Direct echo over the soft RDMA provider (serve + client in one process)\n\
              size {size} B, {rt} round trips in {secs:.2} s: {ops:.0} round trips/s, {mbs:.1} MB/s each way\n\
              latency us: min {min:.2}  p50 {p50:.2}  p90 {p90:.2}  p99 {p99:.2}  p99.9 {p999:.2}  p99.99 {p9999:.2}  max {max:.2}\n\
-             client credit stalls: {cs}\n\
+             client credit stalls: {cs}; server worker busy (loop cycles with work) {busy}\n\
              server pool after shutdown (free/total): {pool}",
             rt = self.round_trips,
             ops = self.round_trips as f64 / secs,
@@ -168,6 +175,9 @@ impl LoopbackResult {
             p9999 = us(h.value_at_quantile(0.9999)),
             max = us(h.max()),
             cs = self.credit_stalls,
+            busy = self
+                .server_busy
+                .map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0)),
             pool = pool.join(", "),
         )
     }
