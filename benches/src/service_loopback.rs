@@ -175,9 +175,7 @@ impl LoopbackResult {
             p9999 = us(h.value_at_quantile(0.9999)),
             max = us(h.max()),
             cs = self.credit_stalls,
-            busy = self
-                .server_busy
-                .map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0)),
+            busy = crate::bench::report::busy_text(self.server_busy),
             pool = pool.join(", "),
         )
     }

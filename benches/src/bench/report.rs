@@ -79,6 +79,12 @@ pub struct LatencyUs {
     pub max: f64,
 }
 
+/// A busy share (0..=1) as text, "-" when not measured (the bench table,
+/// the main job's summary).
+pub fn busy_text(f: Option<f64>) -> String {
+    f.map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0))
+}
+
 fn cores_text(cores: &[Option<usize>]) -> String {
     if cores.is_empty() {
         return "-".into();
@@ -251,12 +257,11 @@ impl Report {
             );
         }
         if self.m.client_busy.is_some() || self.m.server_busy.is_some() {
-            let pct = |f: Option<f64>| f.map_or("-".to_string(), |f| format!("{:.1} %", f * 100.0));
             let _ = write!(
                 s,
                 "\nbusy (loop cycles with work, measured window): client {}, server {}",
-                pct(self.m.client_busy),
-                pct(self.m.server_busy)
+                busy_text(self.m.client_busy),
+                busy_text(self.m.server_busy)
             );
         }
         if let Some(flows) = self.smb2.as_ref().and_then(|x| x.flows.as_ref()) {
