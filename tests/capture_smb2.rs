@@ -194,6 +194,11 @@ impl<P: Provider> Provider for Recording<P> {
         unsafe { self.inner.register(addr, len, shared) }
     }
 
+    unsafe fn deregister(&self, mr: &MemoryRegion) -> Result<(), ProviderError> {
+        // SAFETY: as for `register`.
+        unsafe { self.inner.deregister(mr) }
+    }
+
     fn create_cq(&self, entries: u32) -> Result<P::Cq, ProviderError> {
         self.inner.create_cq(entries)
     }

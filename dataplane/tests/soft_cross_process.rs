@@ -417,6 +417,58 @@ fn peer_process_death_surfaces_as_connection_loss() {
     );
 }
 
+/// A region given back frees its table slot for the next registration, but
+/// a peer process mapped the regions live when it connected, by slot: a
+/// region registered in a reused slot after the handshake is refused on
+/// that connection (saying why), as any region registered after it is,
+/// instead of reaching the memory the peer mapped under that slot.
+#[test]
+fn a_slot_reused_after_the_handshake_is_refused_on_that_connection() {
+    // Declared before the node: they outlive the provider they are
+    // registered with.
+    let a = pool(Backing::SharedMemfd);
+    let c = pool(Backing::SharedMemfd);
+    let mut n = Node::new();
+    let register = |p: &BufferPool, n: &Node| {
+        let fd = p.shared_fd().expect("memfd").as_raw_fd();
+        // SAFETY: the pool outlives the provider (declared before the node).
+        unsafe {
+            n.provider
+                .register(p.region_base().as_ptr(), p.region_len(), Some((fd, 0)))
+        }
+        .expect("register")
+    };
+    let amr = register(&a, &n);
+    let child = listen_and_accept(&mut n, "idle");
+    let (tag, _, _) = n.recv();
+    assert_eq!(tag, TAG_HELLO);
+    // Registered before the handshake: the peer mapped it.
+    let g = n
+        .qp()
+        .grant(1, amr.sge(0, 4096), Access::RemoteWrite, false)
+        .expect("grant of a region the peer mapped");
+    n.qp().revoke(2, g.rkey, false).unwrap();
+    // SAFETY: its one grant is revoked; nothing else used it.
+    unsafe { n.provider.deregister(&amr) }.expect("deregister");
+    let cmr = register(&c, &n);
+    assert_eq!(
+        cmr.lkey & 0xff,
+        amr.lkey & 0xff,
+        "the slot given back is reused (a table of 256)"
+    );
+    assert_ne!(cmr.lkey, amr.lkey);
+    let e = n
+        .qp()
+        .grant(3, cmr.sge(0, 4096), Access::RemoteWrite, false)
+        .expect_err("a region in a reused slot, through a connection made before");
+    assert!(
+        e.to_string().contains("registered after the connection"),
+        "{e}"
+    );
+    n.send(TAG_DONE, &[], None);
+    expect_exit_ok(child);
+}
+
 /// Not a test on its own: the peer process's side of the tests above, run
 /// when this binary is re-executed with `SMBD_SOFT_PEER_ROLE` set.
 #[test]
@@ -445,6 +497,12 @@ fn peer_process_entry_point() {
     n.post_recvs();
     match role.as_str() {
         "client" => client(&mut n, &anon),
+        "idle" => {
+            // Says hello and leaves when the parent is done.
+            n.send(TAG_HELLO, &[], None);
+            let (tag, _, _) = n.recv();
+            assert_eq!(tag, TAG_DONE);
+        }
         "die" => {
             // Says hello, waits for the parent's answer (its grant is
             // made), then dies.

@@ -121,6 +121,7 @@ macro_rules! provider_conformance_tests {
             rejected_request_fails_connect,
             connect_without_listener_fails,
             receives_posted_at_accept_catch_the_first_send,
+            deregistered_memory_names_nothing_and_registers_again,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
@@ -622,6 +623,83 @@ pub fn send_receive_preserves_order<F: Fixture>(f: &F) {
         wait_for::<F::P>(f, &mut p.client.cq, 1, "reverse send")[0].status,
         WcStatus::Success
     );
+}
+
+/// [`Provider::deregister`] gives a registration back: a grant through its
+/// lkey is refused afterwards, giving it back twice is an error, and a
+/// process may register and deregister memory far more often than the
+/// provider holds registrations at once (the soft provider's table holds
+/// 256; verbs unpins the pages each time). The memory registered once more
+/// carries a Send and takes an RDMA Write through a grant, and that
+/// registration is given back in turn once its queue pair is gone.
+pub fn deregistered_memory_names_nothing_and_registers_again<F: Fixture>(f: &F) {
+    const LEN: usize = 16384;
+    const ROUNDS: usize = 600;
+    let r = f.region(LEN);
+    assert!(r.len >= LEN);
+    let s = buf(f, f.server(), LEN);
+    // SAFETY (every register and deregister below): fixture memory stays
+    // mapped until the fixture is dropped; nothing uses a registration when
+    // it is given back (no work request or grant was made with it, or its
+    // queue pair was dropped).
+    let first = unsafe { f.client().register(r.ptr, LEN, r.shared) }.expect("register");
+    unsafe { f.client().deregister(&first) }.expect("deregister");
+    assert!(
+        unsafe { f.client().deregister(&first) }.is_err(),
+        "a registration given back twice"
+    );
+    for round in 0..ROUNDS {
+        let mr = unsafe { f.client().register(r.ptr, LEN, r.shared) }
+            .unwrap_or_else(|e| panic!("register, round {round}: {e}"));
+        unsafe { f.client().deregister(&mr) }
+            .unwrap_or_else(|e| panic!("deregister, round {round}: {e}"));
+    }
+    let mr = unsafe { f.client().register(r.ptr, LEN, r.shared) }.expect("register again");
+    let mut p = connect(f, caps(), caps());
+    assert!(
+        p.client
+            .qp
+            .grant(1, first.sge(0, 4096), Access::RemoteWrite, false)
+            .is_err(),
+        "a grant through a given-back lkey"
+    );
+    // A Send into the memory as registered again...
+    p.client
+        .qp
+        .post_recv(&[RecvWr {
+            wr_id: 5,
+            sge: mr.sge(8192, 256),
+        }])
+        .expect("post_recv");
+    s.write(0, &pattern(31, 200));
+    send(&mut p.server, 6, s.sge(0, 200), None);
+    let rc = wait_for::<F::P>(f, &mut p.client.cq, 1, "the receive")[0];
+    assert_eq!(
+        (rc.wr_id, rc.status, rc.byte_len),
+        (5, WcStatus::Success, 200)
+    );
+    // SAFETY: in bounds of the fixture memory; the receive completed.
+    let got = unsafe { std::slice::from_raw_parts(r.ptr.add(8192), 200) }.to_vec();
+    assert_eq!(got, pattern(31, 200));
+    assert_eq!(
+        wait_for::<F::P>(f, &mut p.server.cq, 1, "the send")[0].status,
+        WcStatus::Success
+    );
+    // ...and an RDMA Write through a grant of it.
+    let g = p
+        .client
+        .qp
+        .grant(2, mr.sge(0, 4096), Access::RemoteWrite, false)
+        .expect("grant");
+    s.write(4096, &pattern(32, 4096));
+    rdma(&mut p.server, 7, &[s.sge(4096, 4096)], remote(&g), true);
+    let wc = wait_for::<F::P>(f, &mut p.server.cq, 1, "the write")[0];
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+    // SAFETY: as above; the Write completed.
+    let got = unsafe { std::slice::from_raw_parts(r.ptr, 4096) }.to_vec();
+    assert_eq!(got, pattern(32, 4096));
+    drop(p);
+    unsafe { f.client().deregister(&mr) }.expect("deregister after the queue pair is gone");
 }
 
 /// A Send with no receive posted at the peer is RNR: the sender's work

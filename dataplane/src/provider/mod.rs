@@ -471,13 +471,31 @@ pub trait Provider: Send + Sync + 'static {
     /// a peer *process* reach granted bytes; verbs ignores it.
     ///
     /// # Safety
-    /// The memory must stay mapped and unmoved until the provider is dropped.
+    /// The memory must stay mapped and unmoved until the registration is
+    /// given back ([`Provider::deregister`]) or the provider is dropped.
     unsafe fn register(
         &self,
         addr: *mut u8,
         len: usize,
         shared: Option<(std::os::fd::RawFd, u64)>,
     ) -> Result<MemoryRegion, ProviderError>;
+
+    /// Gives back a registration made by [`Provider::register`] on this
+    /// provider (`ibv_dereg_mr`): its lkey names nothing afterwards, so a
+    /// post or grant that still uses it fails, and the memory may be
+    /// unmapped. The soft provider reuses the table slot, so a process can
+    /// register and deregister without limit; verbs unpins the pages. A
+    /// registration this provider does not hold (already given back, or
+    /// another provider's) is an error, as is one the device refuses (a
+    /// memory window still bound to it).
+    ///
+    /// # Safety
+    /// Nothing may use the memory through this registration any more: every
+    /// work request posted with it has completed (or its queue pair was
+    /// dropped) and every grant carved from it was revoked (or its queue
+    /// pair dropped). The provider cannot see in-flight uses from other
+    /// threads.
+    unsafe fn deregister(&self, mr: &MemoryRegion) -> Result<(), ProviderError>;
 
     /// Registers the whole region of a buffer pool, passing its memfd (when
     /// the pool is memfd-backed) so that the soft provider can let peer

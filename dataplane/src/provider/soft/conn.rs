@@ -401,8 +401,11 @@ pub(crate) struct Endpoint {
     pub(crate) cross_process: bool,
     /// Its pid (as seen from here), for messages.
     pub(crate) peer_pid: i32,
-    /// How many of our regions the peer mapped (cross-process only).
-    pub(crate) regions_exported: u32,
+    /// Our registrations made before the handshake (cross-process only;
+    /// `u32::MAX` for a peer in this process): the peer mapped the regions
+    /// among them still live then, and no later one
+    /// ([`super::region::LocalRegion::serial`]).
+    pub(crate) serials_exported: u32,
     /// The queue pair was dropped; the CQ detaches once all is flushed.
     pub(crate) dropped: AtomicBool,
     /// The rendezvous socket, kept open for the connection's lifetime.

@@ -500,6 +500,10 @@ impl Provider for SoftProvider {
         self.inner.regions.register(addr, len, shared)
     }
 
+    unsafe fn deregister(&self, mr: &MemoryRegion) -> Result<(), ProviderError> {
+        self.inner.regions.deregister(mr.lkey, mr.addr, mr.len)
+    }
+
     fn create_cq(&self, entries: u32) -> Result<SoftCq, ProviderError> {
         SoftCq::new(entries)
     }

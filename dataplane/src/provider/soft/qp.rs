@@ -159,7 +159,7 @@ impl SoftQp {
                 sge.addr, sge.lkey, ep.peer_pid
             ));
         }
-        if ep.cross_process && r.index >= ep.regions_exported {
+        if ep.cross_process && r.serial >= ep.serials_exported {
             return Err(format!(
                 "region lkey {:#x} was registered after the connection to pid {} was established; a peer \
                  process maps only the regions registered before it connected",

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use smbdirect_hugepages::SharedMapping;
@@ -15,18 +15,33 @@ use crate::provider::{MemoryRegion, ProviderError};
 /// One registered region, readable without locks on the post path.
 #[derive(Debug, Default)]
 struct RegionSlot {
-    /// 0 while unused; written last (Release) when the region is published.
+    /// 0 while unused; written last (Release) when the region is published,
+    /// and first (0) when it is given back, so a reader that sees the same
+    /// key before and after reading the fields read this region's fields.
     lkey: AtomicU32,
     addr: AtomicU64,
     len: AtomicU64,
     /// Backed by a memfd we can pass to a peer process.
     shared: AtomicBool,
+    /// The registration's number in this provider's history (see
+    /// [`LocalRegion::serial`]).
+    serial: AtomicU32,
 }
 
 #[derive(Debug)]
 struct Setup {
-    count: u32,
+    /// Slots used so far (`0..used`); freed ones are in `free`.
+    used: u32,
+    /// Slots given back, reused first.
+    free: Vec<u32>,
+    /// Live registrations.
+    live: u32,
+    /// Registrations made so far: the next one's serial.
+    serials: u32,
+    /// Per slot: the memfd (and offset) of a live shared region.
     fds: Vec<Option<(OwnedFd, u64)>>,
+    /// Per slot: the last key it had, which its next one must differ from.
+    last_key: Vec<u32>,
     rng: XorShift,
 }
 
@@ -35,6 +50,22 @@ struct Setup {
 pub(crate) struct LocalRegion {
     pub(crate) index: u32,
     pub(crate) shared: bool,
+    /// Registrations made before this one: a peer process maps the regions
+    /// registered before it connected (serials below the connection's
+    /// [`Exported::serials`]), so a slot reused after that is not the
+    /// region the peer mapped under its index.
+    pub(crate) serial: u32,
+}
+
+/// What [`LocalRegions::export`] hands a peer process.
+#[derive(Debug)]
+pub(crate) struct Exported {
+    pub(crate) regions: Vec<RegionExport>,
+    /// Duplicates of the fds of the regions with one, in order.
+    pub(crate) fds: Vec<OwnedFd>,
+    /// Registrations made so far: every live region the peer maps has a
+    /// smaller serial.
+    pub(crate) serials: u32,
 }
 
 /// A region as described to a peer at connection setup.
@@ -53,9 +84,10 @@ pub(crate) struct RegionExport {
 pub(crate) const MAX_SHARED_REGIONS: usize = 252;
 
 /// This provider's registered regions: a fixed table indexed by the low
-/// bits of the lkey (the rest random). Regions are never deregistered: the
-/// [`crate::provider::Provider::register`] contract keeps them mapped for the
-/// provider's lifetime.
+/// bits of the lkey (the rest random, and never a slot's previous key). A
+/// region given back ([`LocalRegions::deregister`]) frees its slot for the
+/// next registration, so the table bounds the regions live at once, not the
+/// registrations a process makes in its life.
 #[derive(Debug)]
 pub(crate) struct LocalRegions {
     slots: Box<[RegionSlot]>,
@@ -71,16 +103,21 @@ impl LocalRegions {
             slots: (0..max).map(|_| RegionSlot::default()).collect(),
             bits: max.trailing_zeros(),
             setup: Mutex::new(Setup {
-                count: 0,
-                fds: Vec::new(),
+                used: 0,
+                free: Vec::new(),
+                live: 0,
+                serials: 0,
+                fds: (0..max).map(|_| None).collect(),
+                last_key: vec![0; max as usize],
                 rng: XorShift::from_os(),
             }),
         }
     }
 
-    /// Regions registered so far (for `stats`; takes the set-up lock).
+    /// Regions registered and not given back (for `stats`; takes the
+    /// set-up lock).
     pub(crate) fn len(&self) -> usize {
-        self.setup.lock().unwrap_or_else(|e| e.into_inner()).count as usize
+        self.setup.lock().unwrap_or_else(|e| e.into_inner()).live as usize
     }
 
     /// Registers `len` bytes at `addr`, optionally backed by `shared`
@@ -117,36 +154,78 @@ impl LocalRegions {
             }
         };
         let mut setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());
-        let index = setup.count;
-        if index as usize >= self.slots.len() {
-            return Err(ProviderError::Other(format!(
-                "register: all {} memory regions of the soft provider are in use (SoftConfig::max_regions)",
-                self.slots.len()
-            )));
-        }
+        let index = match setup.free.pop() {
+            Some(i) => i,
+            None if (setup.used as usize) < self.slots.len() => {
+                setup.used += 1;
+                setup.used - 1
+            }
+            None => {
+                return Err(ProviderError::Other(format!(
+                    "register: all {} memory regions of the soft provider are in use \
+                     (SoftConfig::max_regions; deregister the ones no longer needed)",
+                    self.slots.len()
+                )))
+            }
+        };
+        let last = setup.last_key[index as usize];
         let lkey = loop {
             let k = ((setup.rng.next_u64() >> 32) as u32)
                 .checked_shl(self.bits)
                 .unwrap_or(0)
                 | index;
-            if k != 0 {
+            if k != 0 && k != last {
                 break k;
             }
         };
+        // Serials stay below u32::MAX, the "every region" of same-process
+        // connections (4 billion registrations in one process's life).
+        let serial = setup.serials.min(u32::MAX - 1);
+        setup.serials = setup.serials.saturating_add(1);
         let slot = &self.slots[index as usize];
         slot.addr.store(addr as u64, Ordering::Relaxed);
         slot.len.store(len as u64, Ordering::Relaxed);
         slot.shared.store(fd.is_some(), Ordering::Relaxed);
+        slot.serial.store(serial, Ordering::Relaxed);
         // Release: the fields above are visible to any thread whose Acquire
         // load of `lkey` sees this key.
         slot.lkey.store(lkey, Ordering::Release);
-        setup.fds.push(fd);
-        setup.count += 1;
+        setup.fds[index as usize] = fd;
+        setup.last_key[index as usize] = lkey;
+        setup.live += 1;
         Ok(MemoryRegion {
             addr: addr as u64,
             len: len as u64,
             lkey,
         })
+    }
+
+    /// Gives back the region `mr` names (its slot is reused by a later
+    /// registration, under another key). Errors if this table holds no such
+    /// live region.
+    pub(crate) fn deregister(&self, lkey: u32, addr: u64, len: u64) -> Result<(), ProviderError> {
+        let mut setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());
+        let index = lkey & ((1 << self.bits) - 1);
+        let slot = &self.slots[index as usize];
+        if lkey == 0
+            || slot.lkey.load(Ordering::Relaxed) != lkey
+            || slot.addr.load(Ordering::Relaxed) != addr
+            || slot.len.load(Ordering::Relaxed) != len
+        {
+            return Err(ProviderError::Other(format!(
+                "deregister: the soft provider holds no region with lkey {lkey:#x} \
+                 ({len} bytes at {addr:#x}); already given back?"
+            )));
+        }
+        // The key goes first: a reader that loaded it before this and
+        // checks it again after reading the fields (`find`) sees the change
+        // if it may have read a later registration's fields.
+        slot.lkey.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        setup.fds[index as usize] = None;
+        setup.free.push(index);
+        setup.live -= 1;
+        Ok(())
     }
 
     /// The region `lkey` names, if `[addr, addr + len)` lies inside it.
@@ -160,34 +239,47 @@ impl LocalRegions {
         }
         let base = slot.addr.load(Ordering::Relaxed);
         let end = base + slot.len.load(Ordering::Relaxed);
+        let shared = slot.shared.load(Ordering::Relaxed);
+        let serial = slot.serial.load(Ordering::Relaxed);
+        // The key again (a seqlock's second read): the fields were this
+        // registration's, not those of one made after it was given back.
+        // The fence pairs with `deregister`'s.
+        fence(Ordering::Acquire);
+        if slot.lkey.load(Ordering::Relaxed) != lkey {
+            return None;
+        }
         match addr.checked_add(len) {
             Some(e) if addr >= base && e <= end => Some(LocalRegion {
                 index,
-                shared: slot.shared.load(Ordering::Relaxed),
+                shared,
+                serial,
             }),
             _ => None,
         }
     }
 
-    /// Every region registered so far, and duplicates of the fds of those
-    /// that have one (in the same order), for a peer process. More than
+    /// Every live region, and duplicates of the fds of those that have one
+    /// (in the same order), for a peer process. More than
     /// [`MAX_SHARED_REGIONS`] with an fd do not fit one handshake message:
     /// an error that says so (the kernel would refuse the message with a
     /// bare EINVAL).
-    pub(crate) fn export(&self) -> std::io::Result<(Vec<RegionExport>, Vec<OwnedFd>)> {
+    pub(crate) fn export(&self) -> std::io::Result<Exported> {
         let setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());
         let shared = setup.fds.iter().filter(|f| f.is_some()).count();
         if shared > MAX_SHARED_REGIONS {
             return Err(std::io::Error::other(format!(
-                "this process has registered {shared} shared memory regions (one per pool, \
+                "this process has {shared} shared memory regions registered (one per pool, \
                  e.g. per client connection); a soft-provider handshake passes at most \
                  {MAX_SHARED_REGIONS} (SCM_MAX_FD less the grant table's)"
             )));
         }
-        let mut regions = Vec::with_capacity(setup.count as usize);
+        let mut regions = Vec::with_capacity(setup.live as usize);
         let mut fds = Vec::new();
-        for (i, fd) in setup.fds.iter().enumerate() {
+        for (i, fd) in setup.fds.iter().enumerate().take(setup.used as usize) {
             let slot = &self.slots[i];
+            if slot.lkey.load(Ordering::Relaxed) == 0 {
+                continue; // given back
+            }
             let (has_fd, fd_offset) = match fd {
                 Some((fd, offset)) => {
                     fds.push(fd.try_clone()?);
@@ -203,7 +295,11 @@ impl LocalRegions {
                 fd_offset,
             });
         }
-        Ok((regions, fds))
+        Ok(Exported {
+            regions,
+            fds,
+            serials: setup.serials,
+        })
     }
 }
 
@@ -236,15 +332,17 @@ unsafe impl Send for PeerMemory {}
 // SAFETY: as above; `&PeerMemory` only hands out raw pointers.
 unsafe impl Sync for PeerMemory {}
 
-/// Mappings of peers' memfds, shared by every connection to the same peer
-/// provider so a pool is mapped once per peer, not once per connection.
-pub(crate) type MapCache = Mutex<HashMap<(u64, u64, u32), Weak<SharedMapping>>>;
+/// Mappings of peers' memfds by the memfd's identity (device and inode),
+/// shared by every connection to the same peer so a pool is mapped once per
+/// peer, not once per connection. Keyed by the file, not by the peer's
+/// region index: a peer reuses the index of a region it gave back for
+/// another memfd.
+pub(crate) type MapCache = Mutex<HashMap<(u64, u64), Weak<SharedMapping>>>;
 
 impl PeerMemory {
     /// Maps a peer process's exported regions; `fds` are the fds of those
-    /// with `has_fd`, in order. `peer` = (process nonce, provider id).
+    /// with `has_fd`, in order.
     pub(crate) fn map(
-        peer: (u64, u64),
         regions: &[RegionExport],
         fds: Vec<OwnedFd>,
         cache: &MapCache,
@@ -270,7 +368,15 @@ impl PeerMemory {
         let mut fds = fds.into_iter();
         for r in regions.iter().filter(|r| r.has_fd) {
             let fd = fds.next().expect("counted above");
-            let key = (peer.0, peer.1, r.index);
+            let meta = std::fs::File::from(fd.try_clone().map_err(|e| {
+                ProviderError::Connect(format!("peer region {}: dup of its fd: {e}", r.index))
+            })?)
+            .metadata()
+            .map_err(|e| ProviderError::Connect(format!("peer region {}: fstat: {e}", r.index)))?;
+            let key = {
+                use std::os::unix::fs::MetadataExt;
+                (meta.dev(), meta.ino())
+            };
             let map = {
                 let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
                 match cache.get(&key).and_then(Weak::upgrade) {
@@ -349,7 +455,8 @@ mod tests {
             regions.find(ra.lkey, ra.addr, 100),
             Some(LocalRegion {
                 index: 0,
-                shared: false
+                shared: false,
+                serial: 0
             })
         );
         assert_eq!(regions.find(ra.lkey, ra.addr + 1, 100), None);
@@ -359,12 +466,14 @@ mod tests {
             regions.find(rb.lkey, rb.addr + 49, 1),
             Some(LocalRegion {
                 index: 1,
-                shared: false
+                shared: false,
+                serial: 1
             })
         );
-        let (exported, fds) = regions.export().unwrap();
-        assert_eq!(exported.len(), 2);
-        assert!(fds.is_empty());
+        let x = regions.export().unwrap();
+        assert_eq!(x.regions.len(), 2);
+        assert!(x.fds.is_empty());
+        assert_eq!(x.serials, 2);
     }
 
     #[test]
@@ -380,12 +489,12 @@ mod tests {
         }
         // Regions without an fd cost the handshake no fd.
         regions.register(a.as_mut_ptr(), 64, None).unwrap();
-        let (exported, fds) = regions.export().unwrap();
+        let x = regions.export().unwrap();
         assert_eq!(
-            (exported.len(), fds.len()),
+            (x.regions.len(), x.fds.len()),
             (MAX_SHARED_REGIONS + 1, MAX_SHARED_REGIONS)
         );
-        drop(fds);
+        drop(x);
         regions
             .register(a.as_mut_ptr(), 64, Some((fd.as_raw_fd(), 0)))
             .unwrap();
@@ -403,6 +512,55 @@ mod tests {
         for _ in 0..200 {
             regions.register(a.as_mut_ptr(), 8, None).unwrap();
         }
+    }
+
+    #[test]
+    fn a_region_given_back_frees_its_slot_under_a_new_key() {
+        let regions = LocalRegions::new(4);
+        let mut a = vec![0u8; 64];
+        let mut b = vec![0u8; 64];
+        let mut mrs: Vec<MemoryRegion> = (0..4)
+            .map(|_| regions.register(a.as_mut_ptr(), 64, None).unwrap())
+            .collect();
+        assert!(regions.register(a.as_mut_ptr(), 64, None).is_err(), "full");
+        // Thousands of registrations through a 4-slot table, each given
+        // back: the table bounds what is live, not what a process makes.
+        for round in 0..5000u32 {
+            let k = (round % 4) as usize;
+            let old = mrs[k];
+            regions.deregister(old.lkey, old.addr, old.len).unwrap();
+            assert_eq!(
+                regions.find(old.lkey, old.addr, 1),
+                None,
+                "a given-back key names nothing"
+            );
+            assert!(
+                regions.deregister(old.lkey, old.addr, old.len).is_err(),
+                "given back twice"
+            );
+            let new = regions.register(b.as_mut_ptr(), 32, None).unwrap();
+            assert_eq!(new.lkey & 3, old.lkey & 3, "the freed slot is reused");
+            assert_ne!(new.lkey, old.lkey, "under a new key");
+            assert_eq!(regions.find(old.lkey, old.addr, 1), None);
+            let found = regions.find(new.lkey, new.addr, 32).unwrap();
+            assert_eq!(found.serial, 4 + round, "serials count registrations");
+            mrs[k] = new;
+        }
+        assert_eq!(regions.len(), 4);
+        // Export lists the live regions only, and the serial watermark.
+        let gone = mrs[2];
+        regions.deregister(gone.lkey, gone.addr, gone.len).unwrap();
+        let x = regions.export().unwrap();
+        assert_eq!(x.regions.len(), 3);
+        assert!(x.regions.iter().all(|r| r.index != gone.lkey & 3));
+        assert_eq!(x.serials, 5004);
+        assert_eq!(regions.len(), 3);
+        // A deregistration must name the region exactly.
+        let m = mrs[0];
+        assert!(regions.deregister(m.lkey, m.addr + 1, m.len).is_err());
+        assert!(regions.deregister(m.lkey, m.addr, m.len + 1).is_err());
+        assert!(regions.deregister(0, 0, 0).is_err());
+        regions.deregister(m.lkey, m.addr, m.len).unwrap();
     }
 
     #[test]

@@ -734,21 +734,20 @@ impl SoftRequest {
         let peer_mem = if same {
             PeerMemory::SameProcess
         } else {
-            PeerMemory::map(
-                (self.hello.nonce, self.hello.provider_id),
-                &self.hello.regions,
-                fds.collect(),
-                &p.peer_maps,
-            )
-            .map_err(|e| fail(&self, e.to_string()))?
+            PeerMemory::map(&self.hello.regions, fds.collect(), &p.peer_maps)
+                .map_err(|e| fail(&self, e.to_string()))?
         };
         let layout = ConnLayout::new([self.hello.caps.max_recv_wr, caps.max_recv_wr]);
         let seg = ConnSegment::create(layout)
             .map_err(|e| fail(&self, format!("creating the connection segment: {e}")))?;
-        let (regions, region_fds) = if same {
-            (Vec::new(), Vec::new())
+        let exported = if same {
+            None
         } else {
-            p.regions.export().map_err(|e| fail(&self, e.to_string()))?
+            Some(p.regions.export().map_err(|e| fail(&self, e.to_string()))?)
+        };
+        let (regions, region_fds, serials) = match exported {
+            Some(x) => (x.regions, x.fds, x.serials),
+            None => (Vec::new(), Vec::new(), u32::MAX),
         };
         let binding = p.next_binding.fetch_add(1, Ordering::Relaxed);
         let (grant_base, grant_count) = p
@@ -774,7 +773,7 @@ impl SoftRequest {
             ird_ord,
             cross_process: !same,
             peer_pid: self.pid,
-            regions_exported: regions.len() as u32,
+            serials_exported: serials,
             dropped: AtomicBool::new(false),
             sock: self.sock.try_clone()?,
             socket_shut: AtomicBool::new(false),
@@ -927,7 +926,11 @@ pub(crate) fn connect(
         n: reserved,
         armed: true,
     };
-    let (regions, region_fds) = p.regions.export()?;
+    let super::region::Exported {
+        regions,
+        fds: region_fds,
+        serials,
+    } = p.regions.export()?;
     let binding = p.next_binding.fetch_add(1, Ordering::Relaxed);
     let request = p.hello(KIND_REQUEST, binding, caps, private_data, regions.clone());
     let sock = connect_socket(addr, deadline)?;
@@ -977,12 +980,7 @@ pub(crate) fn connect(
     let peer_mem = if same {
         PeerMemory::SameProcess
     } else {
-        PeerMemory::map(
-            (reply.nonce, reply.provider_id),
-            &reply.regions,
-            fds.collect(),
-            &p.peer_maps,
-        )?
+        PeerMemory::map(&reply.regions, fds.collect(), &p.peer_maps)?
     };
     let (grant_base, grant_count) = p
         .take_grant_range(caps.max_send_wr.min(p.config.grants_per_qp))
@@ -1006,7 +1004,7 @@ pub(crate) fn connect(
         ird_ord,
         cross_process: !same,
         peer_pid: pid,
-        regions_exported: if same { u32::MAX } else { regions.len() as u32 },
+        serials_exported: if same { u32::MAX } else { serials },
         dropped: AtomicBool::new(false),
         sock,
         socket_shut: AtomicBool::new(false),

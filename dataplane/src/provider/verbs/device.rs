@@ -435,6 +435,7 @@ pub struct Device {
     config: VerbsConfig,
     mrs: Mutex<Vec<MrEntry>>,
     mr_generation: AtomicU64,
+    mr_removals: AtomicU64,
     cm: CmService,
 }
 
@@ -563,6 +564,7 @@ impl Device {
             config,
             mrs: Mutex::new(Vec::with_capacity(16)),
             mr_generation: AtomicU64::new(0),
+            mr_removals: AtomicU64::new(0),
             cm,
         }))
     }
@@ -628,6 +630,50 @@ impl Device {
             len: len as u64,
             lkey,
         })
+    }
+
+    /// Deregisters `mr` (`ibv_dereg_mr`) and drops it from the table the
+    /// queue pairs copy (they refresh their copy before each lookup).
+    ///
+    /// # Safety
+    /// No work request or memory window uses the registration any more.
+    pub(super) unsafe fn deregister(&self, mr: &MemoryRegion) -> Result<(), ProviderError> {
+        let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(i) = mrs
+            .iter()
+            .position(|m| m.lkey == mr.lkey && m.addr == mr.addr && m.len == mr.len)
+        else {
+            return Err(ProviderError::Other(format!(
+                "deregister: {} holds no registration with lkey {:#x} ({} bytes at {:#x})",
+                self.name, mr.lkey, mr.len, mr.addr
+            )));
+        };
+        // SAFETY: the MR is live (in the table) and, by the caller's
+        // guarantee, unused; on failure it stays registered and listed.
+        let rc = unsafe { ibv_dereg_mr(mrs[i].mr) };
+        if rc != 0 {
+            let e = if rc > 0 {
+                io::Error::from_raw_os_error(rc)
+            } else {
+                io::Error::last_os_error()
+            };
+            return Err(ProviderError::Other(format!(
+                "ibv_dereg_mr({}, lkey {:#x}): {e} (a memory window still bound to it?)",
+                self.name, mr.lkey
+            )));
+        }
+        mrs.swap_remove(i);
+        self.mr_removals.fetch_add(1, Ordering::Release);
+        self.mr_generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Registrations given back so far ([`Device::deregister`]): a queue
+    /// pair that sees this move refreshes its copy of the table and drops
+    /// its idle window backings before its next lookup.
+    #[inline]
+    pub(super) fn mr_removals(&self) -> u64 {
+        self.mr_removals.load(Ordering::Acquire)
     }
 
     /// Copies the registration table into `into` if it changed since

@@ -234,6 +234,27 @@ impl WindowPool {
         }
     }
 
+    /// Deregisters every idle backing: called when a pool registration was
+    /// given back ([`crate::provider::Provider::deregister`]), so that no
+    /// cached registration keeps pinning the pages of memory that may be
+    /// unmapped, or names them when other memory is later mapped at the
+    /// same address and granted.
+    pub fn drop_idle_backings(&mut self) {
+        let stale = &mut self.stale;
+        self.backings.retain(|_, b| {
+            if b.users > 0 {
+                return true;
+            }
+            // SAFETY: an idle backing registration made by `backing`, taken
+            // out of the cache here: released once (kept in `stale` if the
+            // device refuses for now).
+            if unsafe { ibv_dereg_mr(b.mr) } != 0 {
+                stale.push(b.mr);
+            }
+            false
+        });
+    }
+
     /// Deregisters a backing registration now, or keeps it in `stale` for
     /// later if the device refuses (a window still bound onto it).
     fn deregister(&mut self, mr: *mut ibv_mr) {

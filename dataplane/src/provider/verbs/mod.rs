@@ -245,6 +245,11 @@ impl Provider for VerbsProvider {
         unsafe { self.device.register(addr, len) }
     }
 
+    unsafe fn deregister(&self, mr: &MemoryRegion) -> Result<(), ProviderError> {
+        // SAFETY: forwarded: nothing uses the registration any more.
+        unsafe { self.device.deregister(mr) }
+    }
+
     fn create_cq(&self, entries: u32) -> Result<VerbsCq, ProviderError> {
         VerbsCq::new(&self.device, entries)
     }

@@ -52,6 +52,8 @@ pub struct VerbsQp {
     grants: Grants,
     mrs: Vec<MrEntry>,
     mrs_seen: u64,
+    /// [`Device::mr_removals`] when the table was last refreshed for one.
+    mr_removals_seen: u64,
     /// Dropped after the queue pair is destroyed (Drop), which is what the
     /// id requires.
     cm_id: CmId,
@@ -203,6 +205,7 @@ impl VerbsQp {
         let max_inline = attr.cap.max_inline_data;
         let mut mrs = Vec::with_capacity(16);
         let mut mrs_seen = u64::MAX;
+        let mr_removals_seen = device.mr_removals();
         device.sync_mrs(&mut mrs, &mut mrs_seen);
         Ok(VerbsQp {
             qp,
@@ -239,6 +242,7 @@ impl VerbsQp {
             grants,
             mrs,
             mrs_seen,
+            mr_removals_seen,
             cm_id,
             cq,
             device: device.clone(),
@@ -289,8 +293,17 @@ impl VerbsQp {
     }
 
     /// The registration containing `sge` (refreshing the local copy of the
-    /// table once on a miss).
+    /// table once on a miss, and whenever a registration was given back so
+    /// that a deregistered MR is never bound).
     fn find_mr(&mut self, sge: &Sge) -> Option<MrEntry> {
+        let removals = self.device.mr_removals();
+        if removals != self.mr_removals_seen {
+            self.mr_removals_seen = removals;
+            self.device.sync_mrs(&mut self.mrs, &mut self.mrs_seen);
+            if let Grants::Windows(pool) = &mut self.grants {
+                pool.drop_idle_backings();
+            }
+        }
         if let Some(m) = self
             .mrs
             .iter()
