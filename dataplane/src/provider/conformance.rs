@@ -654,7 +654,11 @@ pub fn deregistered_memory_names_nothing_and_registers_again<F: Fixture>(f: &F) 
         unsafe { f.client().deregister(&mr) }
             .unwrap_or_else(|e| panic!("deregister, round {round}: {e}"));
     }
-    let mr = unsafe { f.client().register(r.ptr, LEN, r.shared) }.expect("register again");
+    let c = Buf {
+        ptr: r.ptr,
+        len: LEN,
+        mr: unsafe { f.client().register(r.ptr, LEN, r.shared) }.expect("register again"),
+    };
     let mut p = connect(f, caps(), caps());
     assert!(
         p.client
@@ -664,13 +668,7 @@ pub fn deregistered_memory_names_nothing_and_registers_again<F: Fixture>(f: &F) 
         "a grant through a given-back lkey"
     );
     // A Send into the memory as registered again...
-    p.client
-        .qp
-        .post_recv(&[RecvWr {
-            wr_id: 5,
-            sge: mr.sge(8192, 256),
-        }])
-        .expect("post_recv");
+    recv(&mut p.client, 5, c.sge(8192, 256));
     s.write(0, &pattern(31, 200));
     send(&mut p.server, 6, s.sge(0, 200), None);
     let rc = wait_for::<F::P>(f, &mut p.client.cq, 1, "the receive")[0];
@@ -678,28 +676,21 @@ pub fn deregistered_memory_names_nothing_and_registers_again<F: Fixture>(f: &F) 
         (rc.wr_id, rc.status, rc.byte_len),
         (5, WcStatus::Success, 200)
     );
-    // SAFETY: in bounds of the fixture memory; the receive completed.
-    let got = unsafe { std::slice::from_raw_parts(r.ptr.add(8192), 200) }.to_vec();
-    assert_eq!(got, pattern(31, 200));
-    assert_eq!(
-        wait_for::<F::P>(f, &mut p.server.cq, 1, "the send")[0].status,
-        WcStatus::Success
-    );
+    assert_eq!(c.read(8192, 200), pattern(31, 200));
     // ...and an RDMA Write through a grant of it.
     let g = p
         .client
         .qp
-        .grant(2, mr.sge(0, 4096), Access::RemoteWrite, false)
+        .grant(2, c.sge(0, 4096), Access::RemoteWrite, false)
         .expect("grant");
     s.write(4096, &pattern(32, 4096));
     rdma(&mut p.server, 7, &[s.sge(4096, 4096)], remote(&g), true);
-    let wc = wait_for::<F::P>(f, &mut p.server.cq, 1, "the write")[0];
-    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
-    // SAFETY: as above; the Write completed.
-    let got = unsafe { std::slice::from_raw_parts(r.ptr, 4096) }.to_vec();
-    assert_eq!(got, pattern(32, 4096));
+    let done = wait_for::<F::P>(f, &mut p.server.cq, 2, "the send and the write");
+    assert_eq!(one(&done, 6).status, WcStatus::Success);
+    assert_eq!(one(&done, 7).status, WcStatus::Success);
+    assert_eq!(c.read(0, 4096), pattern(32, 4096));
     drop(p);
-    unsafe { f.client().deregister(&mr) }.expect("deregister after the queue pair is gone");
+    unsafe { f.client().deregister(&c.mr) }.expect("deregister after the queue pair is gone");
 }
 
 /// A Send with no receive posted at the peer is RNR: the sender's work
