@@ -44,7 +44,7 @@ pub use workload::{Outcome, Session, Workload};
 
 use progress::Progress;
 use smbdirect_controlplane::RunningServer;
-use smbdirect_dataplane::provider::soft::SoftProvider;
+use smbdirect_dataplane::provider::soft::{SoftConfig, SoftProvider};
 use smbdirect_dataplane::provider::verbs::{self, VerbsConfig, VerbsProvider};
 use smbdirect_dataplane::provider::Provider;
 use smbdirect_hugepages::BufferPool;
@@ -180,9 +180,37 @@ fn run_chosen(opts: &BenchOptions) -> Result<Report, BenchError> {
         })?;
         run_on(Arc::new(p), opts, &retained)
     } else {
-        let p =
-            SoftProvider::new().map_err(|e| BenchError::failed("starting the soft provider", e))?;
+        let p = SoftProvider::with_config(soft_config(opts))
+            .map_err(|e| BenchError::failed("starting the soft provider", e))?;
         run_on(Arc::new(p), opts, &retained)
+    }
+}
+
+/// The soft provider's tables for `opts`. Each connection reserves
+/// [`SoftConfig::grants_per_qp`] grant slots at its client end (and, in
+/// loopback, where the server shares the provider, up to as many again at
+/// its server end) and registers one client pool, so the defaults (65,536
+/// slots, 256 regions) held about 233 loopback connections of the 256
+/// `--connections` allows. The tables are sized for `--connections`
+/// instead (at most 2^20 slots and 1,024 regions, what [`SoftConfig`]
+/// accepts: about 1,000 connections).
+fn soft_config(opts: &BenchOptions) -> SoftConfig {
+    let d = SoftConfig::default();
+    let ends: u64 = if matches!(opts.target, Target::Loopback(_)) {
+        2
+    } else {
+        1
+    };
+    // Room for the control connections and pools beside the measured ones.
+    let conns = opts.connections as u64 + 8;
+    let slots = (conns * ends * u64::from(d.grants_per_qp))
+        .next_power_of_two()
+        .min(1 << 20) as u32;
+    let regions = (conns + 8).next_power_of_two().min(1024) as u32;
+    SoftConfig {
+        grant_slots: slots.max(d.grant_slots),
+        max_regions: regions.max(d.max_regions),
+        ..d
     }
 }
 
@@ -385,4 +413,45 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         return fail(&"no operation was measured", 1);
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn options(argv: &[&str]) -> BenchOptions {
+        let cli = Cli::try_parse_from(argv).expect("valid arguments");
+        BenchOptions::from_args(&cli.args).expect("valid options")
+    }
+
+    #[test]
+    fn the_soft_tables_hold_every_connection_the_cli_allows() {
+        let d = SoftConfig::default();
+        // The defaults where they suffice.
+        assert_eq!(soft_config(&options(&["bench", "--loopback"])), d);
+        // 256 loopback connections (the most `--connections` takes): a
+        // client and a server range of grant slots each, and a client pool
+        // each, beside the control connections.
+        let o = options(&["bench", "--loopback", "--connections", "256"]);
+        let c = soft_config(&o);
+        assert!(
+            u64::from(c.grant_slots) >= 2 * 264 * u64::from(d.grants_per_qp),
+            "{c:?}"
+        );
+        assert!(c.max_regions >= 264, "{c:?}");
+        assert_eq!(c.grants_per_qp, d.grants_per_qp);
+        SoftProvider::with_config(c).expect("a table the provider accepts");
+        // Against a running server only the client ends share it.
+        let o = options(&["bench", "--connect", "127.0.0.1:1", "--connections", "256"]);
+        let c = soft_config(&o);
+        assert!(u64::from(c.grant_slots) >= 264 * u64::from(d.grants_per_qp));
+        assert!(c.grant_slots < 2 * 264 * 256 * 2, "{c:?}");
+    }
 }

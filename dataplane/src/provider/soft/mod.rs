@@ -180,11 +180,11 @@ pub struct SoftConfig {
     pub grant_slots: u32,
     /// Grant slots reserved per queue pair (at most its `max_send_wr`).
     pub grants_per_qp: u32,
-    /// Registered regions (a power of two, 1..=1024). Regions are never
-    /// deregistered, and every client connection registers its own pool:
-    /// in one process (`bench --loopback`, a client opening many
-    /// connections) this bounds the connections it makes. A handshake
-    /// with another process passes the fds of all of them, at most 252 of
+    /// Registered regions live at once (a power of two, 1..=1024; a region
+    /// given back with [`Provider::deregister`] frees its slot). Every
+    /// client connection of `bench` registers its own pool, so in one
+    /// process this bounds the connections open at once. A handshake with
+    /// another process passes the fds of all live ones, at most 252 of
     /// those with one (the kernel's SCM_MAX_FD less the grant table's).
     pub max_regions: u32,
     /// Reuse a grant slot the peer invalidated with Send with Invalidate
@@ -545,6 +545,52 @@ mod tests {
         i.release_grant_range(a.0, a.1);
         i.release_grant_range(b.0, b.1);
         assert_eq!(*i.grant_ranges.lock().unwrap(), vec![(0, 256)]);
+    }
+
+    #[test]
+    fn a_process_with_more_pools_than_a_handshake_carries_connects_to_itself() {
+        use crate::provider::{CompletionQueue, ConnRequest, Listener};
+        use std::os::fd::AsRawFd;
+        // Declared before the provider, so dropped after it.
+        let seg = shm::Segment::create(c"many-pools", 4096).unwrap();
+        let mut mem = vec![0u8; 64];
+        let p = SoftProvider::with_config(SoftConfig {
+            max_regions: 512,
+            ..SoftConfig::default()
+        })
+        .unwrap();
+        let fd = seg.fd().as_raw_fd();
+        // More memfd-backed regions than one SCM_RIGHTS message passes: a
+        // peer process could not be told of them all, but a listener in this
+        // process needs none of them.
+        for _ in 0..region::MAX_SHARED_REGIONS + 8 {
+            // SAFETY: `mem` and `seg` outlive the provider (declared before it).
+            unsafe { p.register(mem.as_mut_ptr(), 64, Some((fd, 0))) }.unwrap();
+        }
+        let mut listener = p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr();
+        let (scq, ccq) = (p.create_cq(64).unwrap(), p.create_cq(64).unwrap());
+        let caps = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_sge: 1,
+            ird: 1,
+            ord: 1,
+        };
+        std::thread::scope(|s| {
+            let acceptor = s.spawn(|| {
+                let req = listener
+                    .accept_request(Duration::from_secs(5))
+                    .unwrap()
+                    .expect("a request");
+                req.accept(&scq.handle(), caps, b"").unwrap()
+            });
+            let (qp, _) = p
+                .connect(addr, &ccq.handle(), caps, b"", Duration::from_secs(5))
+                .expect("connect to a listener in this process");
+            assert!(!qp.is_cross_process());
+            drop(acceptor.join().unwrap());
+        });
     }
 
     #[test]
