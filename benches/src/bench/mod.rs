@@ -418,28 +418,20 @@ pub fn main(args: &BenchArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: BenchArgs,
-    }
 
     fn options(argv: &[&str]) -> BenchOptions {
-        let cli = Cli::try_parse_from(argv).expect("valid arguments");
-        BenchOptions::from_args(&cli.args).expect("valid options")
+        options::test_args::parse(argv).expect("valid options")
     }
 
     #[test]
     fn the_soft_tables_hold_every_connection_the_cli_allows() {
         let d = SoftConfig::default();
         // The defaults where they suffice.
-        assert_eq!(soft_config(&options(&["bench", "--loopback"])), d);
+        assert_eq!(soft_config(&options(&["--loopback"])), d);
         // 256 loopback connections (the most `--connections` takes): a
         // client and a server range of grant slots each, and a client pool
         // each, beside the control connections.
-        let o = options(&["bench", "--loopback", "--connections", "256"]);
+        let o = options(&["--loopback", "--connections", "256"]);
         let c = soft_config(&o);
         assert!(
             u64::from(c.grant_slots) >= 2 * 264 * u64::from(d.grants_per_qp),
@@ -449,7 +441,7 @@ mod tests {
         assert_eq!(c.grants_per_qp, d.grants_per_qp);
         SoftProvider::with_config(c).expect("a table the provider accepts");
         // Against a running server only the client ends share it.
-        let o = options(&["bench", "--connect", "127.0.0.1:1", "--connections", "256"]);
+        let o = options(&["--connect", "127.0.0.1:1", "--connections", "256"]);
         let c = soft_config(&o);
         assert!(u64::from(c.grant_slots) >= 264 * u64::from(d.grants_per_qp));
         assert!(c.grant_slots < 2 * 264 * 256 * 2, "{c:?}");

@@ -482,8 +482,9 @@ impl BenchOptions {
     }
 }
 
+/// `bench`'s options from arguments, for tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_args {
     use super::*;
     use clap::Parser;
 
@@ -493,12 +494,19 @@ mod tests {
         args: BenchArgs,
     }
 
-    fn parse(extra: &[&str]) -> Result<BenchOptions, BenchError> {
+    /// The options `bench EXTRA...` gives (or its usage error).
+    pub(crate) fn parse(extra: &[&str]) -> Result<BenchOptions, BenchError> {
         let mut argv = vec!["bench"];
         argv.extend_from_slice(extra);
         let cli = Cli::try_parse_from(argv).map_err(|e| BenchError::Usage(e.to_string()))?;
         BenchOptions::from_args(&cli.args)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_args::parse;
+    use super::*;
 
     #[test]
     fn defaults_measure_five_seconds_of_512_byte_sends() {
