@@ -68,6 +68,18 @@ pub(crate) struct Exported {
     pub(crate) serials: u32,
 }
 
+impl Exported {
+    /// What a peer in this process is given: nothing to map, and every
+    /// region reachable (it uses our addresses, checked when posted).
+    pub(crate) fn same_process() -> Self {
+        Exported {
+            regions: Vec::new(),
+            fds: Vec::new(),
+            serials: u32::MAX,
+        }
+    }
+}
+
 /// A region as described to a peer at connection setup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RegionExport {

@@ -29,7 +29,7 @@ use super::conn::{ConnLayout, ConnSegment, Endpoint};
 use super::cq::SoftCqHandle;
 use super::grant::GrantTable;
 use super::qp::SoftQp;
-use super::region::{PeerMemory, RegionExport};
+use super::region::{Exported, PeerMemory, RegionExport};
 use super::rng::process_nonce;
 use super::shm::Padded;
 use super::{ProviderInner, SoftProvider};
@@ -740,14 +740,14 @@ impl SoftRequest {
         let layout = ConnLayout::new([self.hello.caps.max_recv_wr, caps.max_recv_wr]);
         let seg = ConnSegment::create(layout)
             .map_err(|e| fail(&self, format!("creating the connection segment: {e}")))?;
-        let exported = if same {
-            None
+        let Exported {
+            regions,
+            fds: region_fds,
+            serials,
+        } = if same {
+            Exported::same_process()
         } else {
-            Some(p.regions.export().map_err(|e| fail(&self, e.to_string()))?)
-        };
-        let (regions, region_fds, serials) = match exported {
-            Some(x) => (x.regions, x.fds, x.serials),
-            None => (Vec::new(), Vec::new(), u32::MAX),
+            p.regions.export().map_err(|e| fail(&self, e.to_string()))?
         };
         let binding = p.next_binding.fetch_add(1, Ordering::Relaxed);
         let (grant_base, grant_count) = p
@@ -932,16 +932,12 @@ pub(crate) fn connect(
     // message carries fds for (bench --loopback with hundreds of
     // connections) can still connect to itself.
     let local = peer_pid(sock.as_fd()) == Some(std::process::id() as i32);
-    let super::region::Exported {
+    let Exported {
         regions,
         fds: region_fds,
         serials,
     } = if local {
-        super::region::Exported {
-            regions: Vec::new(),
-            fds: Vec::new(),
-            serials: 0,
-        }
+        Exported::same_process()
     } else {
         p.regions.export()?
     };
