@@ -6,7 +6,6 @@
 //! disconnecting is connection loss.
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -80,16 +79,9 @@ impl Node {
     fn new() -> Node {
         let provider = SoftProvider::new().expect("provider");
         let pool = pool(Backing::SharedMemfd);
-        let fd = pool.shared_fd().expect("memfd").as_raw_fd();
+        assert!(pool.shared_fd().is_some(), "a memfd-backed pool");
         // SAFETY: the pool is dropped after the provider (field order).
-        let mr = unsafe {
-            provider.register(
-                pool.region_base().as_ptr(),
-                pool.region_len(),
-                Some((fd, 0)),
-            )
-        }
-        .expect("register");
+        let mr = unsafe { provider.register_pool(&pool) }.expect("register");
         let cq = provider.create_cq(1024).expect("cq");
         Node {
             qp: None,
@@ -430,13 +422,8 @@ fn a_slot_reused_after_the_handshake_is_refused_on_that_connection() {
     let c = pool(Backing::SharedMemfd);
     let mut n = Node::new();
     let register = |p: &BufferPool, n: &Node| {
-        let fd = p.shared_fd().expect("memfd").as_raw_fd();
         // SAFETY: the pool outlives the provider (declared before the node).
-        unsafe {
-            n.provider
-                .register(p.region_base().as_ptr(), p.region_len(), Some((fd, 0)))
-        }
-        .expect("register")
+        unsafe { n.provider.register_pool(p) }.expect("register")
     };
     let amr = register(&a, &n);
     let child = listen_and_accept(&mut n, "idle");

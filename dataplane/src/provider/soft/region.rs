@@ -212,8 +212,9 @@ impl LocalRegions {
         })
     }
 
-    /// Gives back the region `mr` names (its slot is reused by a later
-    /// registration, under another key). Errors if this table holds no such
+    /// Gives back the region registered as `len` bytes at `addr` under
+    /// `lkey` (its slot is reused by a later registration, under another
+    /// key). Errors if this table holds no such
     /// live region.
     pub(crate) fn deregister(&self, lkey: u32, addr: u64, len: u64) -> Result<(), ProviderError> {
         let mut setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());

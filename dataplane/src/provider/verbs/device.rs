@@ -633,7 +633,8 @@ impl Device {
     }
 
     /// Deregisters `mr` (`ibv_dereg_mr`) and drops it from the table the
-    /// queue pairs copy (they refresh their copy before each lookup).
+    /// queue pairs copy (each refreshes its copy at its next lookup after a
+    /// removal, [`Device::mr_removals`]).
     ///
     /// # Safety
     /// No work request or memory window uses the registration any more.
