@@ -6,11 +6,12 @@
 //! disconnecting is connection loss.
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use smbdirect_dataplane::provider::soft::{BreakReason, SoftCq, SoftProvider, SoftQp};
+use smbdirect_dataplane::provider::soft::{BreakReason, SoftConfig, SoftCq, SoftProvider, SoftQp};
 use smbdirect_dataplane::provider::{
     Access, Completion, CompletionQueue, ConnRequest, Grant, Listener, MemoryRegion, Provider,
     ProviderError, QpCaps, QpState, QueuePair, RecvWr, RemoteBuf, SendOp, SendWr, WcOpcode,
@@ -38,6 +39,11 @@ const TAG_GRANTS: u32 = 1;
 const TAG_DONE: u32 = 2;
 const TAG_CHECKED: u32 = 3;
 const TAG_HELLO: u32 = 4;
+
+/// Regions each side of `more_regions_than_one_message_passes_...`
+/// registers besides its node's: more fds than one `SCM_RIGHTS` message
+/// carries (253).
+const MANY: usize = 300;
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -77,7 +83,11 @@ fn pool(backing: Backing) -> BufferPool {
 
 impl Node {
     fn new() -> Node {
-        let provider = SoftProvider::new().expect("provider");
+        Node::with_config(SoftConfig::default())
+    }
+
+    fn with_config(config: SoftConfig) -> Node {
+        let provider = SoftProvider::with_config(config).expect("provider");
         let pool = pool(Backing::SharedMemfd);
         assert!(pool.shared_fd().is_some(), "a memfd-backed pool");
         // SAFETY: the pool is dropped after the provider (field order).
@@ -287,6 +297,42 @@ fn listen_and_accept(node: &mut Node, role: &str) -> Child {
     child
 }
 
+/// [`MANY`] regions of 4 KiB, one per page of `extra` (memfd-backed).
+fn register_many(n: &Node, extra: &BufferPool) -> Vec<MemoryRegion> {
+    let fd = extra.shared_fd().expect("a memfd-backed pool");
+    assert!(MANY * 4096 <= extra.region_len());
+    (0..MANY)
+        .map(|i| {
+            // SAFETY: in bounds (checked above); `extra` outlives the
+            // provider (the callers declare it before the node).
+            unsafe {
+                n.provider.register(
+                    extra.region_base().as_ptr().add(i * 4096),
+                    4096,
+                    Some((fd.as_raw_fd(), (i * 4096) as u64)),
+                )
+            }
+            .expect("register one of many regions")
+        })
+        .collect()
+}
+
+/// A node whose provider's table holds its pool and [`MANY`] more.
+fn node_for_many() -> Node {
+    Node::with_config(SoftConfig {
+        max_regions: 512,
+        ..SoftConfig::default()
+    })
+}
+
+/// The `len` bytes at `off` of `pool`.
+fn pool_bytes(pool: &BufferPool, off: usize, len: usize) -> Vec<u8> {
+    assert!(off + len <= pool.region_len());
+    // SAFETY: in bounds; the peer does not write them meanwhile (the
+    // message protocol orders it).
+    unsafe { std::slice::from_raw_parts(pool.region_base().as_ptr().add(off), len) }.to_vec()
+}
+
 fn expect_exit_ok(mut child: Child) {
     let status = child.wait().expect("wait for the peer");
     assert!(status.success(), "peer process failed: {status}");
@@ -456,6 +502,45 @@ fn a_slot_reused_after_the_handshake_is_refused_on_that_connection() {
     expect_exit_ok(child);
 }
 
+/// A process with more memfd-backed regions than one `SCM_RIGHTS` message
+/// passes connects to another such process: the handshake carries every
+/// fd, in order, both ways, so each side reaches the other's last region.
+#[test]
+fn more_regions_than_one_message_passes_reach_the_peer_process_both_ways() {
+    // Declared before the node: it outlives the provider.
+    let extra = pool(Backing::SharedMemfd);
+    let mut n = node_for_many();
+    let mrs = register_many(&n, &extra);
+    let child = listen_and_accept(&mut n, "many");
+    // The child's grant of the last of its regions: we write into it.
+    let (tag, words, _) = n.recv();
+    assert_eq!(tag, TAG_GRANTS);
+    let (peer_write, len) = remote_of(&words[0..2]);
+    assert_eq!(len, 4096);
+    n.write(SCRATCH, &pattern(0xE, 4096));
+    assert_eq!(n.rdma(true, SCRATCH, peer_write, 4096), WcStatus::Success);
+    // Ours: the last of our regions, for the child to read.
+    let last = mrs[MANY - 1];
+    // SAFETY: in bounds of `extra`; nothing reads it before the grant is sent.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            pattern(0xF, 4096).as_ptr(),
+            extra.region_base().as_ptr().add((MANY - 1) * 4096),
+            4096,
+        )
+    };
+    let g = n
+        .qp()
+        .grant(1, last.sge(0, 4096), Access::RemoteRead, false)
+        .expect("grant of our last region");
+    n.send(TAG_DONE, &grant_words(&g), None);
+    let (tag, _, _) = n.recv();
+    assert_eq!(tag, TAG_CHECKED);
+    n.qp().revoke(2, g.rkey, false).unwrap();
+    expect_exit_ok(child);
+    assert_eq!(n.provider.stats().access_violations, 0);
+}
+
 /// Not a test on its own: the peer process's side of the tests above, run
 /// when this binary is re-executed with `SMBD_SOFT_PEER_ROLE` set.
 #[test]
@@ -466,7 +551,13 @@ fn peer_process_entry_point() {
     let addr: SocketAddr = std::env::var(ADDR).unwrap().parse().unwrap();
     // Declared before the node, so it outlives the provider it is registered with.
     let anon = pool(Backing::Anonymous);
-    let mut n = Node::new();
+    let extra = (role == "many").then(|| pool(Backing::SharedMemfd));
+    let mut n = if extra.is_some() {
+        node_for_many()
+    } else {
+        Node::new()
+    };
+    let many = extra.as_ref().map(|e| register_many(&n, e));
     let (qp, reply) = n
         .provider
         .connect(
@@ -489,6 +580,28 @@ fn peer_process_entry_point() {
             n.send(TAG_HELLO, &[], None);
             let (tag, _, _) = n.recv();
             assert_eq!(tag, TAG_DONE);
+        }
+        "many" => {
+            let (extra, mrs) = (extra.as_ref().unwrap(), many.unwrap());
+            let g = n
+                .qp()
+                .grant(1, mrs[MANY - 1].sge(0, 4096), Access::RemoteWrite, false)
+                .expect("grant of our last region");
+            n.send(TAG_GRANTS, &grant_words(&g), None);
+            let (tag, words, _) = n.recv();
+            assert_eq!(tag, TAG_DONE);
+            assert!(
+                pool_bytes(extra, (MANY - 1) * 4096, 4096) == pattern(0xE, 4096),
+                "the parent's RDMA Write into our last region: bytes differ"
+            );
+            let (parent_read, _) = remote_of(&words[0..2]);
+            assert_eq!(n.rdma(false, SCRATCH, parent_read, 4096), WcStatus::Success);
+            assert!(
+                n.read(SCRATCH, 4096) == pattern(0xF, 4096),
+                "RDMA Read of the parent's last region: bytes differ"
+            );
+            n.qp().revoke(2, g.rkey, false).unwrap();
+            n.send(TAG_CHECKED, &[], None);
         }
         "die" => {
             // Says hello, waits for the parent's answer (its grant is

@@ -90,11 +90,6 @@ pub(crate) struct RegionExport {
     pub(crate) fd_offset: u64,
 }
 
-/// The most regions with an fd one handshake message passes: the
-/// kernel's SCM_MAX_FD (253 fds per `SCM_RIGHTS` message) less the grant
-/// table's segment, sent with them.
-pub(crate) const MAX_SHARED_REGIONS: usize = 252;
-
 /// This provider's registered regions: a fixed table indexed by the low
 /// bits of the lkey (the rest random, and never a slot's previous key). A
 /// region given back ([`LocalRegions::deregister`]) frees its slot for the
@@ -272,20 +267,11 @@ impl LocalRegions {
     }
 
     /// Every live region, and duplicates of the fds of those that have one
-    /// (in the same order), for a peer process. More than
-    /// [`MAX_SHARED_REGIONS`] with an fd do not fit one handshake message:
-    /// an error that says so (the kernel would refuse the message with a
-    /// bare EINVAL).
+    /// (in the same order), for a peer process. However many there are
+    /// (up to the table's 1,024), the handshake passes them in as many
+    /// messages as they need.
     pub(crate) fn export(&self) -> std::io::Result<Exported> {
         let setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());
-        let shared = setup.fds.iter().filter(|f| f.is_some()).count();
-        if shared > MAX_SHARED_REGIONS {
-            return Err(std::io::Error::other(format!(
-                "this process has {shared} shared memory regions registered (one per pool, \
-                 e.g. per client connection); a soft-provider handshake passes at most \
-                 {MAX_SHARED_REGIONS} (SCM_MAX_FD less the grant table's)"
-            )));
-        }
         let mut regions = Vec::with_capacity(setup.live as usize);
         let mut fds = Vec::new();
         for (i, fd) in setup.fds.iter().enumerate().take(setup.used as usize) {
@@ -490,32 +476,28 @@ mod tests {
     }
 
     #[test]
-    fn more_shared_regions_than_a_handshake_passes_is_an_error_that_says_so() {
-        let seg = super::super::shm::Segment::create(c"region-test", 4096).unwrap();
+    fn more_shared_regions_than_one_message_passes_are_all_exported_in_order() {
+        // Each region on its own page of one memfd: the offset names it.
+        let seg = super::super::shm::Segment::create(c"region-test", 300 * 4096).unwrap();
         let fd = seg.fd();
         let regions = LocalRegions::new(512);
         let mut a = vec![0u8; 64];
-        for _ in 0..MAX_SHARED_REGIONS {
+        for i in 0..300u64 {
             regions
-                .register(a.as_mut_ptr(), 64, Some((fd.as_raw_fd(), 0)))
+                .register(a.as_mut_ptr(), 64, Some((fd.as_raw_fd(), i * 4096)))
                 .unwrap();
         }
         // Regions without an fd cost the handshake no fd.
         regions.register(a.as_mut_ptr(), 64, None).unwrap();
         let x = regions.export().unwrap();
-        assert_eq!(
-            (x.regions.len(), x.fds.len()),
-            (MAX_SHARED_REGIONS + 1, MAX_SHARED_REGIONS)
-        );
-        drop(x);
-        regions
-            .register(a.as_mut_ptr(), 64, Some((fd.as_raw_fd(), 0)))
-            .unwrap();
-        let e = regions.export().unwrap_err().to_string();
-        assert!(
-            e.contains("253 shared memory regions") && e.contains("at most 252"),
-            "{e}"
-        );
+        assert_eq!((x.regions.len(), x.fds.len()), (301, 300));
+        let offsets: Vec<u64> = x
+            .regions
+            .iter()
+            .filter(|r| r.has_fd)
+            .map(|r| r.fd_offset)
+            .collect();
+        assert_eq!(offsets, (0..300).map(|i| i * 4096).collect::<Vec<_>>());
     }
 
     #[test]

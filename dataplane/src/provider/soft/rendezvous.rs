@@ -14,6 +14,12 @@
 //! reject   hello(kind=3)
 //! ```
 //!
+//! One `SCM_RIGHTS` message carries at most 253 fds (the kernel's
+//! SCM_MAX_FD). A hello with more sends the first 253 with it and the rest
+//! right after, 253 at a time, each in a `fds(kind=4, seq)` message
+//! (seq 1, 2, ...); the receiver knows from the hello how many to expect
+//! (one per region with an fd, plus its own).
+//!
 //! After the handshake the socket stays open, unused, for the connection's
 //! lifetime: its hang-up is how each side learns that the other went away.
 
@@ -45,7 +51,11 @@ const VERSION: u32 = 1;
 const KIND_REQUEST: u32 = 1;
 const KIND_ACCEPT: u32 = 2;
 const KIND_REJECT: u32 = 3;
+/// The fds of a hello that did not fit its message ([`send_hello`]).
+const KIND_FDS: u32 = 4;
 const MAX_REGIONS: usize = 1024;
+/// The most fds one `SCM_RIGHTS` message carries (the kernel's SCM_MAX_FD).
+const FDS_PER_MESSAGE: usize = 253;
 /// How long a listener waits for the request after a socket connects.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connected sockets a listener holds while their requests are on the way
@@ -105,6 +115,19 @@ impl Hello {
             u64s(&mut b, r.fd_offset);
         }
         b
+    }
+
+    /// The fds that come with this hello, in its own message and the
+    /// [`KIND_FDS`] ones after it: the kind's own (a request's grant table;
+    /// an accept's connection segment and grant table), then one per
+    /// region that has one.
+    fn fds_expected(&self) -> usize {
+        let own = match self.kind {
+            KIND_REQUEST => 1,
+            KIND_ACCEPT => 2,
+            _ => 0,
+        };
+        own + self.regions.iter().filter(|r| r.has_fd).count()
     }
 
     /// Parses a peer's message; never panics on bad input.
@@ -335,6 +358,108 @@ fn send_msg(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::R
     }
 }
 
+/// The message that carries the `seq`th batch of fds after a hello's own.
+fn fds_message(seq: u32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(20);
+    b.extend_from_slice(&MAGIC.to_le_bytes());
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&KIND_FDS.to_le_bytes());
+    b.extend_from_slice(&seq.to_le_bytes());
+    b
+}
+
+/// Sends `hello` with `fds`: the first [`FDS_PER_MESSAGE`] go with it, the
+/// rest in [`KIND_FDS`] messages right behind it (the socket is blocking,
+/// and a handshake has at most five messages: fewer than a Unix socket
+/// queues).
+fn send_hello(sock: BorrowedFd<'_>, hello: &Hello, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let (first, rest) = fds.split_at(fds.len().min(FDS_PER_MESSAGE));
+    send_msg(sock, &hello.encode(), first)?;
+    for (i, batch) in rest.chunks(FDS_PER_MESSAGE).enumerate() {
+        send_msg(sock, &fds_message(i as u32 + 1), batch)?;
+    }
+    Ok(())
+}
+
+/// A hello's fds as they arrive: the fds of its own message, then those of
+/// each [`KIND_FDS`] message after it, until [`Hello::fds_expected`].
+#[derive(Debug)]
+struct Arriving {
+    hello: Hello,
+    fds: Vec<OwnedFd>,
+    /// [`KIND_FDS`] messages taken so far.
+    batches: u32,
+}
+
+impl Arriving {
+    /// A hello and the fds its message carried; more fds than it announced
+    /// is a malformed handshake.
+    fn new(hello: Hello, fds: Vec<OwnedFd>) -> Result<Arriving, String> {
+        let a = Arriving {
+            hello,
+            fds,
+            batches: 0,
+        };
+        a.check()?;
+        Ok(a)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let want = self.hello.fds_expected();
+        if self.fds.len() > want {
+            return Err(format!(
+                "handshake passed {} fds, announced {want}",
+                self.fds.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.fds.len() == self.hello.fds_expected()
+    }
+
+    /// Takes the next [`KIND_FDS`] message: its sequence number must be the
+    /// next, and it must bring at least one fd and at most the ones missing.
+    fn take(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(), String> {
+        let seq = self.batches + 1;
+        if bytes != fds_message(seq).as_slice() {
+            return Err(format!(
+                "expected fd batch {seq} of the handshake, got something else"
+            ));
+        }
+        if fds.is_empty() {
+            return Err(format!("fd batch {seq} of the handshake carried no fd"));
+        }
+        self.batches = seq;
+        self.fds.extend(fds);
+        self.check()
+    }
+}
+
+/// Receives a whole hello on a blocking socket: its message, then any
+/// [`KIND_FDS`] messages its fds need, each by `deadline`.
+fn recv_hello(sock: BorrowedFd<'_>, deadline: Instant) -> Result<(Hello, Vec<OwnedFd>), String> {
+    let (bytes, fds) = recv_msg(sock).map_err(|e| e.to_string())?;
+    let mut a = Arriving::new(Hello::decode(&bytes)?, fds)?;
+    while !a.complete() {
+        match wait_readable(sock, deadline) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "{} of the {} fds announced arrived in time",
+                    a.fds.len(),
+                    a.hello.fds_expected()
+                ))
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        let (bytes, fds) = recv_msg(sock).map_err(|e| e.to_string())?;
+        a.take(&bytes, fds)?;
+    }
+    Ok((a.hello, a.fds))
+}
+
 /// Receives one message and the fds attached to it.
 fn recv_msg(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; 64 * 1024];
@@ -443,8 +568,18 @@ pub struct SoftListener {
     fd: OwnedFd,
     addr: SocketAddr,
     provider: Arc<ProviderInner>,
-    /// Accepted sockets and the time their request is due by.
-    pending: Vec<(OwnedFd, Instant)>,
+    /// Accepted sockets whose request has not (wholly) arrived.
+    pending: Vec<Pending>,
+}
+
+/// A socket the listener accepted, waiting for its request.
+#[derive(Debug)]
+struct Pending {
+    sock: OwnedFd,
+    /// When the whole request is due by.
+    due: Instant,
+    /// The request's hello and the fds so far, when more are to come.
+    arriving: Option<Arriving>,
 }
 
 impl SoftListener {
@@ -529,7 +664,11 @@ impl SoftListener {
             }
             // SAFETY: a fresh fd owned by nobody else.
             let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-            self.pending.push((sock, Instant::now() + REQUEST_TIMEOUT));
+            self.pending.push(Pending {
+                sock,
+                due: Instant::now() + REQUEST_TIMEOUT,
+                arriving: None,
+            });
         }
         Ok(())
     }
@@ -538,7 +677,7 @@ impl SoftListener {
     /// `deadline`.
     fn wait_any(&self, deadline: Instant) -> io::Result<()> {
         let mut fds: Vec<libc::pollfd> = std::iter::once(&self.fd)
-            .chain(self.pending.iter().map(|(s, _)| s))
+            .chain(self.pending.iter().map(|p| &p.sock))
             .map(|f| pollin(f.as_raw_fd()))
             .collect();
         // The listening socket is not watched while `pending` is full.
@@ -548,9 +687,11 @@ impl SoftListener {
         poll_in(&mut fds, deadline).map(|_| ())
     }
 
-    /// A request that has arrived on a pending socket, if any (one poll
-    /// of them all; others that arrived are taken by the next calls). A
-    /// socket whose peer sent something else, or hung up, is dropped.
+    /// A request that has wholly arrived on a pending socket, if any (one
+    /// poll of them all; others that arrived are taken by the next calls).
+    /// A request whose fds follow in more messages waits in `pending` for
+    /// them, holding up no other. A socket whose peer sent something else,
+    /// or hung up, is dropped.
     fn take_ready(&mut self) -> Option<SoftRequest> {
         if self.pending.is_empty() {
             return None;
@@ -558,27 +699,49 @@ impl SoftListener {
         let mut polls: Vec<libc::pollfd> = self
             .pending
             .iter()
-            .map(|(s, _)| pollin(s.as_raw_fd()))
+            .map(|p| pollin(p.sock.as_raw_fd()))
             .collect();
         // A look that does not wait; an error is a look that found nothing.
         if !poll_in(&mut polls, Instant::now()).is_ok_and(|n| n > 0) {
             return None;
         }
-        // Backwards, so swap_remove keeps the indices still to visit valid.
+        // Backwards, so swap_remove keeps the indices still to visit valid
+        // (and a socket pushed back at the end is not visited again).
         for i in (0..polls.len()).rev() {
             if polls[i].revents == 0 {
                 continue;
             }
-            let (sock, _) = self.pending.swap_remove(i);
+            let Pending {
+                sock,
+                due,
+                arriving,
+            } = self.pending.swap_remove(i);
             let Ok((bytes, fds)) = recv_msg(sock.as_fd()) else {
                 continue;
             };
-            let Ok(hello) = Hello::decode(&bytes) else {
+            let arrived = match arriving {
+                None => Hello::decode(&bytes)
+                    .and_then(|h| match h.kind {
+                        KIND_REQUEST => Ok(h),
+                        k => Err(format!(
+                            "handshake message kind {k} where a request was due"
+                        )),
+                    })
+                    .and_then(|h| Arriving::new(h, fds)),
+                Some(mut a) => a.take(&bytes, fds).map(|()| a),
+            };
+            let Ok(arrived) = arrived else {
                 continue;
             };
-            if hello.kind != KIND_REQUEST {
+            if !arrived.complete() {
+                self.pending.push(Pending {
+                    sock,
+                    due,
+                    arriving: Some(arrived),
+                });
                 continue;
             }
+            let Arriving { hello, fds, .. } = arrived;
             let pid = peer_pid(sock.as_fd()).unwrap_or(hello.pid as i32);
             let peer_addr = SocketAddr::new(self.addr.ip(), 49152 + (hello.binding % 16384) as u16);
             return Some(SoftRequest {
@@ -604,14 +767,14 @@ impl Listener<SoftProvider> for SoftListener {
             }
             // A connector that sends no request in time is dropped.
             let now = Instant::now();
-            self.pending.retain(|(_, due)| *due > now);
+            self.pending.retain(|p| p.due > now);
             if now >= deadline {
                 return Ok(None);
             }
             let wake = self
                 .pending
                 .iter()
-                .map(|(_, due)| *due)
+                .map(|p| p.due)
                 .min()
                 .map_or(deadline, |d| d.min(deadline));
             self.wait_any(wake)?;
@@ -645,6 +808,12 @@ impl SoftRequest {
     /// Whether the connector lives in this process.
     pub fn is_same_process(&self) -> bool {
         self.hello.nonce == process_nonce()
+    }
+
+    /// The fds the request passed (its grant table's and its regions').
+    #[cfg(test)]
+    pub(crate) fn fds_passed(&self) -> usize {
+        self.fds.len()
     }
 
     fn send_reject(&self) {
@@ -789,7 +958,7 @@ impl SoftRequest {
         }
         let mut fds: Vec<BorrowedFd<'_>> = vec![ep.seg.fd(), p.grants.segment().fd()];
         fds.extend(region_fds.iter().map(|f| f.as_fd()));
-        send_msg(ep.sock.as_fd(), &reply.encode(), &fds).map_err(|e| {
+        send_hello(ep.sock.as_fd(), &reply, &fds).map_err(|e| {
             ProviderError::Connect(format!(
                 "accepting pid {}: sending the accept: {e}",
                 self.pid
@@ -945,14 +1114,13 @@ pub(crate) fn connect(
     let request = p.hello(KIND_REQUEST, binding, caps, private_data, regions.clone());
     let mut fds: Vec<BorrowedFd<'_>> = vec![p.grants.segment().fd()];
     fds.extend(region_fds.iter().map(|f| f.as_fd()));
-    send_msg(sock.as_fd(), &request.encode(), &fds)
+    send_hello(sock.as_fd(), &request, &fds)
         .map_err(|e| connect_err(addr, format!("sending the request: {e}")))?;
     drop(region_fds);
     if !wait_readable(sock.as_fd(), deadline)? {
         return Err(connect_err(addr, format!("no answer within {timeout:?}")));
     }
-    let (bytes, fds) = recv_msg(sock.as_fd()).map_err(|e| connect_err(addr, e))?;
-    let reply = Hello::decode(&bytes).map_err(|e| connect_err(addr, e))?;
+    let (reply, fds) = recv_hello(sock.as_fd(), deadline).map_err(|e| connect_err(addr, e))?;
     match reply.kind {
         KIND_ACCEPT => {}
         KIND_REJECT => return Err(connect_err(addr, "rejected by the listener")),
@@ -1115,6 +1283,111 @@ mod tests {
         assert!(Hello::decode(&long).unwrap_err().contains("trailing"));
     }
 
+    /// A connected pair of blocking SOCK_SEQPACKET sockets.
+    fn socket_pair() -> (OwnedFd, OwnedFd) {
+        let mut sv = [0; 2];
+        // SAFETY: `sv` has room for the two fds socketpair(2) returns.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "socketpair: {}", io::Error::last_os_error());
+        // SAFETY: two fresh fds owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) }
+    }
+
+    /// A request announcing `n` regions with an fd (so `n + 1` fds).
+    fn request_with(n: usize) -> Hello {
+        let r = hello().regions[0];
+        Hello {
+            regions: (0..n as u32)
+                .map(|index| RegionExport { index, ..r })
+                .collect(),
+            ..hello()
+        }
+    }
+
+    #[test]
+    fn fds_beyond_one_message_follow_in_batches_and_arrive_in_order() {
+        let (a, b) = socket_pair();
+        // 301 fds: the hello's message carries 253, one batch the rest.
+        // Most are /dev/null; those at `marked` a pipe, so the order shows
+        // on arrival.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` has room for two fds.
+        assert_eq!(
+            unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) },
+            0
+        );
+        // SAFETY: fresh fds owned by nobody else.
+        let (pr, pw) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+        let h = request_with(300);
+        let marked = [0, 252, 253, 300];
+        let fds: Vec<BorrowedFd<'_>> = (0..301)
+            .map(|i| {
+                if marked.contains(&i) {
+                    pr.as_fd()
+                } else {
+                    null.as_fd()
+                }
+            })
+            .collect();
+        send_hello(a.as_fd(), &h, &fds).unwrap();
+        drop(pw);
+        let (got, fds) = recv_hello(b.as_fd(), Instant::now() + Duration::from_secs(5)).unwrap();
+        assert_eq!(got, h);
+        assert_eq!(fds.len(), 301);
+        let is_pipe = |fd: &OwnedFd| {
+            // SAFETY: fstat into a zeroed stat of our own.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+            st.st_mode & libc::S_IFMT == libc::S_IFIFO
+        };
+        let pipes: Vec<usize> = (0..301).filter(|&i| is_pipe(&fds[i])).collect();
+        assert_eq!(pipes, marked, "the fds arrived in the order sent");
+        // Nothing is left on the socket.
+        assert!(!wait_readable(b.as_fd(), Instant::now()).unwrap());
+    }
+
+    #[test]
+    fn a_hello_whose_fds_do_not_all_come_is_refused() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let some = |n: usize| -> Vec<OwnedFd> {
+            (0..n)
+                .map(|_| null.as_fd().try_clone_to_owned().unwrap())
+                .collect()
+        };
+        // Too few, and no batch in time.
+        let (a, b) = socket_pair();
+        let h = request_with(300);
+        let fds = vec![null.as_fd(); FDS_PER_MESSAGE];
+        send_msg(a.as_fd(), &h.encode(), &fds).unwrap();
+        let e = recv_hello(b.as_fd(), Instant::now() + Duration::from_millis(50)).unwrap_err();
+        assert!(e.contains("253 of the 301 fds"), "{e}");
+        // A batch out of sequence, one without fds, one of something else,
+        // and more fds than announced.
+        let mut x = Arriving::new(request_with(300), some(253)).unwrap();
+        assert!(!x.complete());
+        let e = x.take(&fds_message(2), some(1)).unwrap_err();
+        assert!(e.contains("fd batch 1"), "{e}");
+        let e = x.take(&fds_message(1), Vec::new()).unwrap_err();
+        assert!(e.contains("carried no fd"), "{e}");
+        let e = x.take(&hello().encode(), some(1)).unwrap_err();
+        assert!(e.contains("something else"), "{e}");
+        let e = x.take(&fds_message(1), some(49)).unwrap_err();
+        assert!(e.contains("passed 302 fds, announced 301"), "{e}");
+        let e = Arriving::new(request_with(1), some(3)).unwrap_err();
+        assert!(e.contains("passed 3 fds, announced 2"), "{e}");
+        let mut ok = Arriving::new(request_with(300), some(253)).unwrap();
+        ok.take(&fds_message(1), some(48)).unwrap();
+        assert!(ok.complete());
+    }
+
     #[test]
     fn rendezvous_name_is_derived_from_the_address() {
         assert_eq!(
@@ -1191,6 +1464,63 @@ mod tests {
             .is_none());
         assert!(listener.pending.is_empty(), "the silent socket was dropped");
         drop(silent);
+    }
+
+    /// A request whose fds follow in a second message waits in `pending`
+    /// for them without holding up another connector, and is taken whole
+    /// once they come.
+    #[test]
+    fn a_request_whose_fds_follow_waits_for_them_and_holds_up_no_other() {
+        use crate::provider::soft::SoftProvider;
+        use crate::provider::{CompletionQueue, ConnRequest, Listener, Provider};
+        let provider = SoftProvider::new().expect("soft provider");
+        let mut listener = provider
+            .listen("127.0.0.1:0".parse().unwrap())
+            .expect("listen");
+        let addr = listener.local_addr();
+        let slow = seqpacket(false).expect("socket");
+        let (sa, len) = abstract_addr(&rendezvous_name(addr)).expect("name");
+        // SAFETY: `sa` is a valid sockaddr_un of length `len`.
+        let r = unsafe {
+            libc::connect(
+                slow.as_raw_fd(),
+                (&sa as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        assert_eq!(r, 0, "the slow connector connects");
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fds = vec![null.as_fd(); FDS_PER_MESSAGE];
+        send_msg(slow.as_fd(), &request_with(300).encode(), &fds).unwrap();
+        let client = SoftProvider::new().expect("client provider");
+        let cq = client.create_cq(1024).expect("cq");
+        let h = cq.handle();
+        let accept = |listener: &mut SoftListener| {
+            let start = Instant::now();
+            let mut got = None;
+            while got.is_none() && start.elapsed() < REQUEST_TIMEOUT {
+                got = listener
+                    .accept_request(Duration::from_millis(20))
+                    .expect("accept_request");
+            }
+            got
+        };
+        std::thread::scope(|s| {
+            let c = s.spawn(|| {
+                client.connect(addr, &h, QpCaps::default(), &[], Duration::from_secs(10))
+            });
+            let req = accept(&mut listener).expect("the real connector's request");
+            assert_eq!(req.fds_passed(), 1);
+            req.reject();
+            assert!(c.join().expect("connector").is_err(), "rejected");
+        });
+        assert_eq!(listener.pending.len(), 1, "the slow request still waits");
+        assert!(listener.pending[0].arriving.is_some(), "with its first fds");
+        send_msg(slow.as_fd(), &fds_message(1), &fds[..48]).unwrap();
+        let req = accept(&mut listener).expect("the slow request, whole");
+        assert_eq!(req.fds_passed(), 301);
+        assert_eq!(req.hello.regions.len(), 300);
+        assert!(listener.pending.is_empty());
     }
 
     #[test]
