@@ -632,6 +632,43 @@ fn send_drives_a_running_serve_over_connect() {
 }
 
 #[test]
+fn more_connections_than_the_server_has_buffers_for_is_an_error_that_says_what_to_give_it() {
+    let _g = common::serial();
+    let port = common::free_port();
+    // Receive buffers for about two connections of 255 credits.
+    let d = common::spawn(port, &["--pool-mem", "16M", "--receive-credit-max", "255"]);
+    let addr = format!("127.0.0.1:{port}");
+    let o = bench(
+        &[
+            "--connect",
+            &addr,
+            "--provider",
+            "soft",
+            "--workload",
+            "send",
+            "--connections",
+            "8",
+            "--iterations",
+            "10",
+            "--warmup",
+            "0",
+            "--quiet",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("STATUS_INSUFFICIENT_RESOURCES")
+            && err.contains("--pool-mem")
+            && !err.contains("--upper echo"),
+        "{}",
+        text(&o)
+    );
+    common::terminate(d);
+}
+
+#[test]
 fn send_against_an_smb2_server_is_an_error_not_a_hang() {
     let _g = common::serial();
     let port = common::free_port();

@@ -14,11 +14,13 @@ use super::workload::{Fifo, Outcome, Session, Workload};
 use super::Retained;
 use smbdirect_controlplane::{start, RunningServer, ServerConfig};
 use smbdirect_dataplane::client::{client_caps, Client, ClientError};
+use smbdirect_dataplane::endpoint::EndpointError;
 use smbdirect_dataplane::marks::{self, Point};
 use smbdirect_dataplane::provider::Provider;
 use smbdirect_dataplane::upper::Echo;
 use smbdirect_hugepages::{Backing, HugepagePolicy, PoolConfig, SizeClass};
-use smbdirect_protocol::smbd::SmbdConfig;
+use smbdirect_protocol::ntstatus;
+use smbdirect_protocol::smbd::{SmbdConfig, TerminateReason};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -176,6 +178,16 @@ pub(crate) fn client_pool(cfg: &SmbdConfig, size: usize, qd: u32) -> PoolConfig 
 
 fn client_error(index: usize, what: &str, e: ClientError) -> BenchError {
     let hint = match e {
+        // [MS-SMBD] 3.1.5.3: the server had no receive buffers for one
+        // more connection (its pool, divided by --receive-credit-max).
+        ClientError::Endpoint(EndpointError::Terminated(
+            TerminateReason::NegotiateResponseStatus { status },
+        )) if status == ntstatus::STATUS_INSUFFICIENT_RESOURCES => {
+            " (the server has no buffers for another connection: give `serve` more --pool-mem or a smaller --receive-credit-max)"
+        }
+        ClientError::Endpoint(EndpointError::Terminated(
+            TerminateReason::NegotiateResponseStatus { .. },
+        )) => "",
         ClientError::Endpoint(_) => {
             " (a server whose upper layer cannot serve --workload send ends the connection: is it `serve --upper echo`?)"
         }
