@@ -343,8 +343,49 @@ fn usage_error(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Most open files asked for: the kernel's default `fs.nr_open`, above
+/// which setrlimit(2) fails.
+const NOFILE_CEILING: libc::rlim_t = 1 << 20;
+
+/// Raises this process's soft limit on open files to its hard limit (at
+/// most [`NOFILE_CEILING`]). The soft limit is commonly 1,024, kept low
+/// for programs that use select(2), which nothing here does; the hard
+/// limit is what the operator allows. A connection holds a few
+/// descriptors (on the soft provider: its rendezvous socket and the
+/// watchdog's, the peer's pidfd, a bench client's pool memfd; a handshake
+/// passes every shared pool's memfd for a moment), so a `serve` or a
+/// `bench --connections 256` outgrows 1,024 long before its hard limit.
+/// A limit that cannot be raised is left as it is, with a warning.
+fn raise_open_file_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit, ours.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return;
+    }
+    let want = r.rlim_max.min(NOFILE_CEILING);
+    if r.rlim_cur >= want {
+        return;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: r.rlim_max,
+    };
+    // SAFETY: setrlimit reads one rlimit, ours.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        eprintln!(
+            "smbdirectd: warning: open files stay limited to {} (raising the soft limit to {want}: {})",
+            r.rlim_cur,
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    raise_open_file_limit();
     match cli.command {
         Command::Serve(a) => serve(a),
         Command::Stats {

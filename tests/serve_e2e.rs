@@ -113,6 +113,50 @@ fn workers_are_pinned_to_the_requested_cores_and_cp_is_not_on_them() {
     terminate(d);
 }
 
+/// `serve` raises its soft limit on open files to the hard one: started
+/// with 64 (of the test's hard limit), it runs with the hard limit.
+#[test]
+fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    let _serial = serial();
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit, ours.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+    let hard = r.rlim_max.min(1 << 20);
+    if hard <= 64 {
+        eprintln!("skipped: the hard limit on open files is {hard}");
+        return;
+    }
+    let port = free_port();
+    let d = spawn_with(port, &[], |cmd| {
+        use std::os::unix::process::CommandExt;
+        let low = libc::rlimit {
+            rlim_cur: 64,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: setrlimit is async-signal-safe; `low` is copied into
+        // the closure.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &low) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files in /proc/PID/limits");
+    let soft: Vec<&str> = line.split_whitespace().skip(3).take(1).collect();
+    assert_eq!(soft, [hard.to_string()], "{line}");
+    terminate(d);
+}
+
 #[test]
 fn capture_of_a_session_decodes_in_tshark_with_the_values_sent() {
     let _serial = serial();

@@ -22,8 +22,14 @@ pub struct Daemon {
 }
 
 pub fn spawn(port: u16, extra: &[&str]) -> Daemon {
+    spawn_with(port, extra, |_| {})
+}
+
+/// [`spawn`], with `prepare` given the command before it runs.
+pub fn spawn_with(port: u16, extra: &[&str], prepare: impl FnOnce(&mut Command)) -> Daemon {
     let admin = format!("/tmp/smbdirectd-test-{port}.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_smbdirectd"));
+    prepare(&mut cmd);
     // Defaults for the tests; `extra` is flag/value pairs that override them
     // (value "" for a flag that takes none).
     let listen = format!("127.0.0.1:{port}");
