@@ -594,32 +594,41 @@ fn usage_errors_exit_with_status_2() {
     }
 }
 
+/// `bench --connect ADDR --provider soft --workload send --warmup 0
+/// --quiet`, then `extra`.
+fn send_to(addr: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "--connect",
+        addr,
+        "--provider",
+        "soft",
+        "--workload",
+        "send",
+        "--warmup",
+        "0",
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    bench(&args, Duration::from_secs(20))
+}
+
 #[test]
 fn send_drives_a_running_serve_over_connect() {
     let _g = common::serial();
     let port = common::free_port();
     let d = common::spawn(port, &[]);
     let addr = format!("127.0.0.1:{port}");
-    let o = bench(
+    let o = send_to(
+        &addr,
         &[
-            "--connect",
-            &addr,
-            "--provider",
-            "soft",
-            "--workload",
-            "send",
             "--size",
             "4096",
             "--queue-depth",
             "2",
             "--iterations",
             "500",
-            "--warmup",
-            "0",
             "--verify",
-            "--quiet",
         ],
-        Duration::from_secs(20),
     );
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -638,24 +647,7 @@ fn more_connections_than_the_server_has_buffers_for_is_an_error_that_says_what_t
     // Receive buffers for about two connections of 255 credits.
     let d = common::spawn(port, &["--pool-mem", "16M", "--receive-credit-max", "255"]);
     let addr = format!("127.0.0.1:{port}");
-    let o = bench(
-        &[
-            "--connect",
-            &addr,
-            "--provider",
-            "soft",
-            "--workload",
-            "send",
-            "--connections",
-            "8",
-            "--iterations",
-            "10",
-            "--warmup",
-            "0",
-            "--quiet",
-        ],
-        Duration::from_secs(20),
-    );
+    let o = send_to(&addr, &["--connections", "8", "--iterations", "10"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -674,22 +666,7 @@ fn send_against_an_smb2_server_is_an_error_not_a_hang() {
     let port = common::free_port();
     let d = common::spawn(port, &["--upper", "smb2"]);
     let addr = format!("127.0.0.1:{port}");
-    let o = bench(
-        &[
-            "--connect",
-            &addr,
-            "--provider",
-            "soft",
-            "--workload",
-            "send",
-            "--iterations",
-            "10",
-            "--warmup",
-            "0",
-            "--quiet",
-        ],
-        Duration::from_secs(20),
-    );
+    let o = send_to(&addr, &["--iterations", "10"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(!o.stderr.is_empty(), "{}", text(&o));
     drop(d);

@@ -1400,6 +1400,38 @@ mod tests {
         );
     }
 
+    /// A soft provider listening on a free port of 127.0.0.1, and where.
+    fn soft_listener() -> (
+        crate::provider::soft::SoftProvider,
+        SoftListener,
+        SocketAddr,
+    ) {
+        use crate::provider::{Listener, Provider};
+        let provider = crate::provider::soft::SoftProvider::new().expect("soft provider");
+        let listener = provider
+            .listen("127.0.0.1:0".parse().unwrap())
+            .expect("listen");
+        let addr = listener.local_addr();
+        (provider, listener, addr)
+    }
+
+    /// A blocking socket connected to the soft listener on `addr`, with
+    /// nothing sent: the test sends what it likes.
+    fn raw_connector(addr: SocketAddr) -> OwnedFd {
+        let sock = seqpacket(false).expect("socket");
+        let (sa, len) = abstract_addr(&rendezvous_name(addr)).expect("name");
+        // SAFETY: `sa` is a valid sockaddr_un of length `len`.
+        let r = unsafe {
+            libc::connect(
+                sock.as_raw_fd(),
+                (&sa as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
+        sock
+    }
+
     /// A connector that connects and sends no request (descheduled, or
     /// hostile) is first in the backlog: the listener still hands over the
     /// request behind it at once, every call returns within its timeout,
@@ -1407,23 +1439,9 @@ mod tests {
     #[test]
     fn a_connector_that_sends_nothing_holds_up_no_other_connection() {
         use crate::provider::soft::SoftProvider;
-        use crate::provider::{CompletionQueue, ConnRequest, Listener, Provider};
-        let provider = SoftProvider::new().expect("soft provider");
-        let mut listener = provider
-            .listen("127.0.0.1:0".parse().unwrap())
-            .expect("listen");
-        let addr = listener.local_addr();
-        let silent = seqpacket(false).expect("socket");
-        let (sa, len) = abstract_addr(&rendezvous_name(addr)).expect("name");
-        // SAFETY: `sa` is a valid sockaddr_un of length `len`.
-        let r = unsafe {
-            libc::connect(
-                silent.as_raw_fd(),
-                (&sa as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        assert_eq!(r, 0, "the silent connector connects");
+        use crate::provider::{CompletionQueue, ConnRequest, Provider};
+        let (_provider, mut listener, addr) = soft_listener();
+        let silent = raw_connector(addr);
         let client = SoftProvider::new().expect("client provider");
         let cq = client.create_cq(1024).expect("cq");
         let h = cq.handle();
@@ -1472,23 +1490,9 @@ mod tests {
     #[test]
     fn a_request_whose_fds_follow_waits_for_them_and_holds_up_no_other() {
         use crate::provider::soft::SoftProvider;
-        use crate::provider::{CompletionQueue, ConnRequest, Listener, Provider};
-        let provider = SoftProvider::new().expect("soft provider");
-        let mut listener = provider
-            .listen("127.0.0.1:0".parse().unwrap())
-            .expect("listen");
-        let addr = listener.local_addr();
-        let slow = seqpacket(false).expect("socket");
-        let (sa, len) = abstract_addr(&rendezvous_name(addr)).expect("name");
-        // SAFETY: `sa` is a valid sockaddr_un of length `len`.
-        let r = unsafe {
-            libc::connect(
-                slow.as_raw_fd(),
-                (&sa as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        assert_eq!(r, 0, "the slow connector connects");
+        use crate::provider::{CompletionQueue, ConnRequest, Provider};
+        let (_provider, mut listener, addr) = soft_listener();
+        let slow = raw_connector(addr);
         let null = std::fs::File::open("/dev/null").unwrap();
         let fds = vec![null.as_fd(); FDS_PER_MESSAGE];
         send_msg(slow.as_fd(), &request_with(300).encode(), &fds).unwrap();
