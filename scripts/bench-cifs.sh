@@ -16,7 +16,8 @@
 #
 #   scripts/bench-cifs.sh --pairs 5            # ~15 min on the loaded 2-core host (TCG guest)
 #   scripts/bench-cifs.sh --pairs 5 --runtime 5
-#   scripts/bench-cifs.sh --pairs 7 --jobs rr4k1   # one row only (job names as above: rr4k1 rr4k16 sr1m sw1m)
+#   scripts/bench-cifs.sh --pairs 7 --jobs rr4k1   # one row only (job names as above: rr4k1 rr4k16 sr1m sw1m;
+#                                                  # sr1m1 sw1m1, the 1 MiB rows at QD 1, run only when named)
 #   scripts/bench-cifs.sh --pairs 5 --from-log target/cifs-tests-bench/bench-cifs.log   # rows of an earlier run
 #
 # Without root, the rxe-vm or the kernel-smbd rig it prints one "not run"

@@ -519,13 +519,19 @@ BENCH_JOBS=(
 	"sr1m r.dat read_mbs --rw=read --bs=1m --iodepth=4"
 	"sw1m w.dat write_mbs --rw=write --bs=1m --iodepth=4"
 )
+# Jobs run only when named in BENCH_ONLY: the 1 MiB rows at QD 1, to tell
+# a per-request cost from one of overlap (docs/bench-results.md, session 25)
+BENCH_EXTRA_JOBS=(
+	"sr1m1 r.dat read_mbs --rw=read --bs=1m --iodepth=1"
+	"sw1m1 w.dat write_mbs --rw=write --bs=1m --iodepth=1"
+)
 # BENCH_ONLY="rr4k1,sr1m" (bench-cifs.sh --jobs): those jobs only
 if [ -n "${BENCH_ONLY:-}" ]; then
 	only=()
-	for spec in "${BENCH_JOBS[@]}"; do
+	for spec in "${BENCH_JOBS[@]}" "${BENCH_EXTRA_JOBS[@]}"; do
 		[[ ",$BENCH_ONLY," == *",${spec%% *},"* ]] && only+=("$spec")
 	done
-	[ ${#only[@]} -gt 0 ] || die "BENCH_ONLY=$BENCH_ONLY names no job of: ${BENCH_JOBS[*]%% *}"
+	[ ${#only[@]} -gt 0 ] || die "BENCH_ONLY=$BENCH_ONLY names no job of: ${BENCH_JOBS[*]%% *} ${BENCH_EXTRA_JOBS[*]%% *}"
 	BENCH_JOBS=("${only[@]}")
 fi
 # "busy idle smbdirectd" clock ticks: the guest's CPUs (all but idle and
