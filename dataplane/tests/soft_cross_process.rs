@@ -107,30 +107,11 @@ impl Node {
     }
 
     fn write(&self, off: usize, bytes: &[u8]) {
-        assert!(off + bytes.len() <= self.pool.region_len());
-        // SAFETY: in bounds; the peer does not access these bytes meanwhile
-        // (the message protocol orders it).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.pool.region_base().as_ptr().add(off),
-                bytes.len(),
-            )
-        }
+        pool_write(&self.pool, off, bytes)
     }
 
     fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        assert!(off + len <= self.pool.region_len());
-        let mut v = vec![0; len];
-        // SAFETY: as in `write`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.pool.region_base().as_ptr().add(off),
-                v.as_mut_ptr(),
-                len,
-            )
-        };
-        v
+        pool_bytes(&self.pool, off, len)
     }
 
     fn recv_wrs(&self) -> Vec<RecvWr> {
@@ -325,11 +306,24 @@ fn node_for_many() -> Node {
     })
 }
 
+/// Writes `bytes` at `off` of `pool`.
+fn pool_write(pool: &BufferPool, off: usize, bytes: &[u8]) {
+    assert!(off + bytes.len() <= pool.region_len());
+    // SAFETY: in bounds; the peer does not access these bytes meanwhile
+    // (the message protocol orders it).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            pool.region_base().as_ptr().add(off),
+            bytes.len(),
+        )
+    }
+}
+
 /// The `len` bytes at `off` of `pool`.
 fn pool_bytes(pool: &BufferPool, off: usize, len: usize) -> Vec<u8> {
     assert!(off + len <= pool.region_len());
-    // SAFETY: in bounds; the peer does not write them meanwhile (the
-    // message protocol orders it).
+    // SAFETY: as in `pool_write`.
     unsafe { std::slice::from_raw_parts(pool.region_base().as_ptr().add(off), len) }.to_vec()
 }
 
@@ -521,14 +515,7 @@ fn more_regions_than_one_message_passes_reach_the_peer_process_both_ways() {
     assert_eq!(n.rdma(true, SCRATCH, peer_write, 4096), WcStatus::Success);
     // Ours: the last of our regions, for the child to read.
     let last = mrs[MANY - 1];
-    // SAFETY: in bounds of `extra`; nothing reads it before the grant is sent.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            pattern(0xF, 4096).as_ptr(),
-            extra.region_base().as_ptr().add((MANY - 1) * 4096),
-            4096,
-        )
-    };
+    pool_write(&extra, (MANY - 1) * 4096, &pattern(0xF, 4096));
     let g = n
         .qp()
         .grant(1, last.sge(0, 4096), Access::RemoteRead, false)
