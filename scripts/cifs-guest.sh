@@ -547,6 +547,28 @@ cpu_delta() { # "BEFORE" "AFTER" -> seconds
 	awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { split(a, x); split(b, y)
 		printf "guest_busy_s=%.1f guest_idle_s=%.1f smbdirectd_cpu_s=%.1f", (y[1] - x[1]) / hz, (y[2] - x[2]) / hz, (y[3] - x[3]) / hz }'
 }
+# "KEY TICKS" lines for where a fio run's time went, finer than cpu_ticks:
+# each CPU's user, system, softirq and idle time, the ksoftirqd threads
+# (softirq work deferred out of interrupt exit: rxe's packet processing
+# when it overruns its budget), smbdirectd's user and system time, and
+# rxe0's hardware counters (rxe packets, retries, sequence errors)
+detail_snap() {
+	awk '/^cpu[0-9]/ { print $1 ".user", $2 + $3; print $1 ".sys", $4; print $1 ".sirq", $8; print $1 ".idle", $5 + $6 }' /proc/stat
+	local p c
+	for p in /proc/[0-9]*; do
+		read -r c <"$p/comm" 2>/dev/null || continue
+		case $c in ksoftirqd/*) sed 's/^.*) //' "$p/stat" 2>/dev/null | awk -v c="$c" '{ print c, $12 + $13 }' ;; esac
+	done
+	[ -n "$SRV_PID" ] && [ -r "/proc/$SRV_PID/stat" ] &&
+		sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print "smbdirectd.user", $12; print "smbdirectd.sys", $13 }'
+	for p in /sys/class/infiniband/*/ports/1/hw_counters/*; do
+		[ -r "$p" ] && echo "rxe.${p##*/} $(cat "$p" 2>/dev/null)"
+	done
+	return 0
+}
+detail_delta() { # BEFORE-FILE AFTER-FILE -> "key=delta ..." (non-zero only)
+	awk 'NR == FNR { a[$1] = $2; next } { d = $2 - a[$1]; if (d != 0) printf "%s=%s ", $1, d }' "$1" "$2"
+}
 # The kernel has oopsed since boot (taint flag D, 128): a module that died
 # in a worker (cifs.ko 6.1's smbd_post_send_credits after a disconnect, seen
 # in bench runs) leaves the client unable to mount; nothing after it
@@ -606,6 +628,7 @@ bench_mode() {
 			for spec in "${BENCH_JOBS[@]}"; do
 				read -r name file metric args <<<"$spec"
 				c0=$(cpu_ticks)
+				detail_snap >"$LOG/snap0"
 				# shellcheck disable=SC2086
 				if fio_run "$name" "$LOG/bench-$p-$srv-$name.json" "$BENCH_RUNTIME" --filename="$MNT/$file" \
 					--size=64M --ramp_time=1 $args; then
@@ -617,6 +640,8 @@ bench_mode() {
 				echo "bench: pair=$p server=$srv job=$name value=${v:-0}"
 				# where the guest's CPU went during the fio run (ramp and start-up included)
 				echo "bench-cpu: pair=$p server=$srv job=$name $(cpu_delta "$c0" "$(cpu_ticks)")"
+				detail_snap >"$LOG/snap1"
+				echo "bench-detail: pair=$p server=$srv job=$name $(detail_delta "$LOG/snap0" "$LOG/snap1")"
 			done
 			[ -n "$SRV_PID" ] && stats >"$LOG/bench-stats-$p-$srv.json"
 			do_umount || bad "umount ($srv, pair $p)"
