@@ -547,10 +547,11 @@ cpu_delta() { # "BEFORE" "AFTER" -> seconds
 	awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { split(a, x); split(b, y)
 		printf "guest_busy_s=%.1f guest_idle_s=%.1f smbdirectd_cpu_s=%.1f", (y[1] - x[1]) / hz, (y[2] - x[2]) / hz, (y[3] - x[3]) / hz }'
 }
-# "KEY TICKS" lines for where a fio run's time went, finer than cpu_ticks:
-# each CPU's user, system, softirq and idle time, the ksoftirqd threads
+# "KEY VALUE" lines for where a fio run's time went, finer than cpu_ticks:
+# each CPU's user, system, softirq and idle ticks, the ksoftirqd threads
 # (softirq work deferred out of interrupt exit: rxe's packet processing
-# when it overruns its budget), smbdirectd's user and system time, and
+# when it overruns its budget), smbdirectd's user and system ticks and
+# context switches, the kernel's memory-management event counters, and
 # rxe0's hardware counters (rxe packets, retries, sequence errors)
 detail_snap() {
 	awk '/^cpu[0-9]/ { print $1 ".user", $2 + $3; print $1 ".sys", $4; print $1 ".sirq", $8; print $1 ".idle", $5 + $6 }' /proc/stat
@@ -561,6 +562,9 @@ detail_snap() {
 	done
 	[ -n "$SRV_PID" ] && [ -r "/proc/$SRV_PID/stat" ] &&
 		sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print "smbdirectd.user", $12; print "smbdirectd.sys", $13 }'
+	# memory management (faults, reclaim, compaction, THP) by its counters
+	awk '$2 ~ /^[0-9]+$/ && $1 !~ /^nr_/ { print "vm." $1, $2 }' /proc/vmstat
+	[ -n "$SRV_PID" ] && awk '/ctxt_switches/ { sub(":", "", $1); print "smbdirectd." $1, $2 }' "/proc/$SRV_PID/status" 2>/dev/null
 	for p in /sys/class/infiniband/*/ports/1/hw_counters/*; do
 		[ -r "$p" ] && echo "rxe.${p##*/} $(cat "$p" 2>/dev/null)"
 	done
