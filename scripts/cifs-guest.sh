@@ -534,14 +534,18 @@ if [ -n "${BENCH_ONLY:-}" ]; then
 	[ ${#only[@]} -gt 0 ] || die "BENCH_ONLY=$BENCH_ONLY names no job of: ${BENCH_JOBS[*]%% *} ${BENCH_EXTRA_JOBS[*]%% *}"
 	BENCH_JOBS=("${only[@]}")
 fi
+# "USER SYSTEM" clock ticks of process PID (nothing when it is gone); the
+# fields after the ")" that closes its name, which may hold spaces
+proc_ticks() { # PID
+	sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12, $13 }'
+}
 # "busy idle smbdirectd" clock ticks: the guest's CPUs (all but idle and
 # iowait), their idle, and the smbdirectd process (0 when not running)
 cpu_ticks() {
-	local busy idle srv=0
+	local busy idle u=0 s=0
 	read -r busy idle < <(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat)
-	[ -n "$SRV_PID" ] && [ -r "/proc/$SRV_PID/stat" ] &&
-		srv=$(sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print $12 + $13 }')
-	echo "$busy $idle $srv"
+	[ -n "$SRV_PID" ] && read -r u s < <(proc_ticks "$SRV_PID")
+	echo "$busy $idle $((${u:-0} + ${s:-0}))"
 }
 cpu_delta() { # "BEFORE" "AFTER" -> seconds
 	awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { split(a, x); split(b, y)
@@ -558,10 +562,9 @@ detail_snap() {
 	local p c
 	for p in /proc/[0-9]*; do
 		read -r c <"$p/comm" 2>/dev/null || continue
-		case $c in ksoftirqd/*) sed 's/^.*) //' "$p/stat" 2>/dev/null | awk -v c="$c" '{ print c, $12 + $13 }' ;; esac
+		case $c in ksoftirqd/*) proc_ticks "${p#/proc/}" | awk -v c="$c" '{ print c, $1 + $2 }' ;; esac
 	done
-	[ -n "$SRV_PID" ] && [ -r "/proc/$SRV_PID/stat" ] &&
-		sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print "smbdirectd.user", $12; print "smbdirectd.sys", $13 }'
+	[ -n "$SRV_PID" ] && proc_ticks "$SRV_PID" | awk '{ print "smbdirectd.user", $1; print "smbdirectd.sys", $2 }'
 	# memory management (faults, reclaim, compaction, THP) by its counters
 	awk '$2 ~ /^[0-9]+$/ && $1 !~ /^nr_/ { print "vm." $1, $2 }' /proc/vmstat
 	[ -n "$SRV_PID" ] && awk '/ctxt_switches/ { sub(":", "", $1); print "smbdirectd." $1, $2 }' "/proc/$SRV_PID/status" 2>/dev/null
@@ -646,6 +649,7 @@ bench_mode() {
 				echo "bench-cpu: pair=$p server=$srv job=$name $(cpu_delta "$c0" "$(cpu_ticks)")"
 				detail_snap >"$LOG/snap1"
 				echo "bench-detail: pair=$p server=$srv job=$name $(detail_delta "$LOG/snap0" "$LOG/snap1")"
+				rm -f "$LOG/snap0" "$LOG/snap1"
 			done
 			[ -n "$SRV_PID" ] && stats >"$LOG/bench-stats-$p-$srv.json"
 			do_umount || bad "umount ($srv, pair $p)"
