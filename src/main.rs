@@ -217,6 +217,14 @@ struct ServeArgs {
     /// (e.g. for a tmpfs that may swap).
     #[arg(long, value_enum, default_value_t = StoreIo::Auto)]
     store_io: StoreIo,
+    /// Directory store: cores (a list like 0,4-5 or a mask like 0x11) for
+    /// its io_uring worker threads, which then also make the copies of
+    /// READs and WRITEs of 256 KiB or more on a memory file system while
+    /// another transfer is in flight on the worker (off the polling core).
+    /// Cores the workers do not poll on; default: none (the kernel places
+    /// io_uring workers, every such copy stays on the worker).
+    #[arg(long, value_name = "CORES")]
+    store_copy_cores: Option<String>,
     /// The share's name (clients connect to \\SERVER\NAME), optionally with
     /// a default Storage QoS policy: `NAME:policy=GUID` makes every file
     /// Open on the share a flow under that policy (for clients that send no
@@ -424,6 +432,31 @@ fn serve(a: ServeArgs) -> ExitCode {
         .iter()
         .copied()
         .find(|c| !worker_cores.contains(c));
+    let copy_cores = match &a.store_copy_cores {
+        None => Vec::new(),
+        Some(s) => {
+            let c = match cores::parse_cores(s) {
+                Ok(c) => c,
+                Err(e) => return usage_error(format!("--store-copy-cores: {e}")),
+            };
+            if let Err(e) = cores::check_available(&c, &available) {
+                return usage_error(format!("--store-copy-cores: {e}"));
+            }
+            if let Some(w) = c.iter().find(|c| worker_cores.contains(c)) {
+                return usage_error(format!(
+                    "--store-copy-cores: core {w} is a worker core (--cores {}): a copy there \
+                     would stall that worker's polling; give cores the workers do not use",
+                    cores::format_cores(&worker_cores)
+                ));
+            }
+            if a.upper != UpperKind::Smb2 || a.store == "mem" {
+                return usage_error(
+                    "--store-copy-cores applies to a directory store (--store DIR)",
+                );
+            }
+            c
+        }
+    };
     let pool_mem = match parse_size(&a.pool_mem) {
         Ok(v) => v,
         Err(e) => return usage_error(format!("--pool-mem: {e}")),
@@ -537,10 +570,12 @@ fn serve(a: ServeArgs) -> ExitCode {
     } else {
         match DirStoreFactory::new(std::path::Path::new(&a.store), a.store_direct) {
             Ok(f) => {
-                let f = f.with_rw_path(match a.store_io {
-                    StoreIo::Auto => RwPath::Auto,
-                    StoreIo::Uring => RwPath::Uring,
-                });
+                let f = f
+                    .with_rw_path(match a.store_io {
+                        StoreIo::Auto => RwPath::Auto,
+                        StoreIo::Uring => RwPath::Uring,
+                    })
+                    .with_copy_cores(&copy_cores);
                 eprintln!("smbdirectd: store {}: {}", a.store, f.rw_description());
                 Some(Arc::new(f))
             }

@@ -798,6 +798,27 @@ fn invalid_flags_get_one_line_and_exit_status_2() {
         &["serve", "--max-fragmented-size", "1000"][..],
         &["serve", "--queue-depth", "0"][..],
         &["serve", "--log-level", "chatty"][..],
+        // A copy core must not be a worker's, must exist, and needs a
+        // directory store.
+        &[
+            "serve",
+            "--cores",
+            "0",
+            "--store-copy-cores",
+            "0",
+            "--store",
+            "/tmp",
+        ][..],
+        &[
+            "serve",
+            "--cores",
+            "0",
+            "--store-copy-cores",
+            "4096",
+            "--store",
+            "/tmp",
+        ][..],
+        &["serve", "--store-copy-cores", "0"][..],
         &["loopback", "--size", "0"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_smbdirectd"))

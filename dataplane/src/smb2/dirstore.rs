@@ -33,6 +33,25 @@
 //! Soft-RoCE guest through cifs.ko; `--store-io uring` is there for
 //! servers with cores to spare for it.
 //!
+//! # Copies off the worker
+//! On a memory file system the worker's `pread`/`pwrite` is the whole
+//! cost of a READ's or WRITE's data: for 1 MiB, the worker polls nothing
+//! else while it copies. `serve --store-copy-cores LIST` pins every
+//! worker's io_uring workers to LIST (`IORING_REGISTER_IOWQ_AFF`, once,
+//! after the worker's first submission) and then sends a copy there
+//! ([`squeue::Flags::ASYNC`]: never inline in the submission) when it is
+//! at least [`OFFLOAD_MIN_BYTES`] and another transfer is in flight on the
+//! worker (a pinned run or an I/O on the ring): the case where the worker
+//! has something else to do meanwhile, such as a Soft-RoCE RDMA Read whose
+//! packet work runs inside the worker's `ibv_post_send`. A lone copy stays
+//! on the worker: handed away it would only wait for the io_uring worker's
+//! wake-up. Measured in the Soft-RoCE guest through cifs.ko (1 MiB WRITEs;
+//! docs/bench-results.md, session 27): every WRITE sent away gained at QD 4
+//! and lost about 6 % at QD 1, which the in-flight rule keeps synchronous.
+//! Pinning fails on kernels before 5.14: said once per worker, and every
+//! copy stays on the worker. With a disk store the pinning keeps the
+//! io_uring workers off the polling cores too.
+//!
 //! # Zero-copy READ
 //! The staging slab is registered with the provider
 //! ([`Store::zero_copy`]), so an RDMA-channel READ goes out by RDMA Write
@@ -227,6 +246,32 @@ pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
 pub const STAGE_CHUNK: usize = 64 << 10;
 /// Alignment O_DIRECT I/O needs (offset, length, buffer).
 pub const DIRECT_ALIGN: u64 = 4096;
+/// The smallest READ or WRITE whose copy may leave the worker (`serve
+/// --store-copy-cores`): below it the io_uring worker's wake-up costs more
+/// than the copy it takes off the worker.
+pub const OFFLOAD_MIN_BYTES: u32 = 256 << 10;
+
+/// `cores` as a list for an operator ("0,2,3").
+fn cores_list(cores: &[usize]) -> String {
+    cores
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `cores` as a CPU set.
+fn cpu_set(cores: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores {
+        if c < libc::CPU_SETSIZE as usize {
+            // SAFETY: `c` is inside the set (checked above).
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+    }
+    set
+}
 /// `user_data` of fire-and-forget closes.
 const CLOSE_DATA: u64 = u64::MAX;
 /// Bits of `user_data` naming the slot; the bits above name an entry of a
@@ -317,6 +362,11 @@ pub struct DirStoreFactory {
     /// The root's device ([`FileKey`]'s first half).
     root_dev: u64,
     rw: RwPath,
+    /// `serve --store-copy-cores`: CPUs the io_uring workers of every
+    /// worker's ring are pinned to (see "Copies off the worker"); empty:
+    /// wherever the kernel puts them, and no copy of a memory file system
+    /// leaves the worker.
+    copy_cores: Arc<[usize]>,
 }
 
 /// How READ and WRITE reach the files (`serve --store-io`; see "Memory
@@ -462,6 +512,7 @@ impl DirStoreFactory {
             memory_fs,
             root_dev,
             rw: RwPath::Auto,
+            copy_cores: Arc::from([]),
         })
     }
 
@@ -469,6 +520,16 @@ impl DirStoreFactory {
     /// [`RwPath::Auto`]).
     pub fn with_rw_path(mut self, rw: RwPath) -> Self {
         self.rw = rw;
+        self
+    }
+
+    /// Pins every worker's io_uring workers to `cores`, and lets the copies
+    /// of large READs and WRITEs of a memory file system leave the worker
+    /// for them (`serve --store-copy-cores`; see "Copies off the worker"
+    /// in the module docs). Empty (the default): the kernel places them,
+    /// and every such copy stays on the worker.
+    pub fn with_copy_cores(mut self, cores: &[usize]) -> Self {
+        self.copy_cores = Arc::from(cores);
         self
     }
 
@@ -484,12 +545,32 @@ impl DirStoreFactory {
     /// How READ and WRITE are done, for the start-up log.
     pub fn rw_description(&self) -> String {
         match (self.sync_rw(), self.memory_fs) {
+            (Some(fs), _) if !self.copy_cores.is_empty() => format!(
+                "{fs}: READ and WRITE synchronous on the worker (memory file system; \
+                 io_uring for mounts beneath the root and for metadata), except \
+                 copies of {} KiB or more while another transfer is in flight, \
+                 which io_uring workers on cores {} make",
+                OFFLOAD_MIN_BYTES >> 10,
+                cores_list(&self.copy_cores)
+            ),
             (Some(fs), _) => format!(
                 "{fs}: READ and WRITE synchronous on the worker (memory file system; \
                  io_uring for mounts beneath the root and for metadata)"
             ),
-            (None, Some(fs)) => format!("{fs}: READ and WRITE through io_uring (--store-io uring)"),
-            (None, None) => "READ and WRITE through io_uring".to_owned(),
+            (None, Some(fs)) => format!(
+                "{fs}: READ and WRITE through io_uring (--store-io uring){}",
+                self.copy_workers()
+            ),
+            (None, None) => format!("READ and WRITE through io_uring{}", self.copy_workers()),
+        }
+    }
+
+    /// Where the io_uring workers run, for the descriptions.
+    fn copy_workers(&self) -> String {
+        if self.copy_cores.is_empty() {
+            String::new()
+        } else {
+            format!(", its workers on cores {}", cores_list(&self.copy_cores))
         }
     }
 
@@ -518,6 +599,12 @@ impl StoreFactory for DirStoreFactory {
         }
         if let Some(fs) = self.sync_rw() {
             d.push_str(&format!(" ({fs}, synchronous READ/WRITE)"));
+        }
+        if !self.copy_cores.is_empty() {
+            d.push_str(&format!(
+                " (io_uring workers on cores {})",
+                cores_list(&self.copy_cores)
+            ));
         }
         d
     }
@@ -1045,6 +1132,21 @@ pub struct DirStore {
     /// The device whose files are read and written synchronously (the
     /// root's, when it is a memory file system).
     sync_dev: Option<u64>,
+    /// Whether large copies of those files may leave the worker.
+    offload: Offload,
+}
+
+/// Copies off the worker (see the module docs), per [`DirStore`].
+#[derive(Debug, Clone, Copy)]
+enum Offload {
+    /// No `--store-copy-cores`, or pinning the io_uring workers failed.
+    Off,
+    /// Configured; this thread's io_uring workers are pinned after its
+    /// first submission (they exist from then on). No copy leaves the
+    /// worker before that.
+    Unpinned(libc::cpu_set_t),
+    /// Pinned: large copies may leave the worker.
+    On,
 }
 
 impl std::fmt::Debug for DirStore {
@@ -1103,6 +1205,11 @@ impl DirStore {
             deferred: Vec::new(),
             label: volume_label(&f.path),
             sync_dev: f.sync_rw().map(|_| f.root_dev),
+            offload: if f.copy_cores.is_empty() {
+                Offload::Off
+            } else {
+                Offload::Unpinned(cpu_set(&f.copy_cores))
+            },
         })
     }
 
@@ -1115,7 +1222,12 @@ impl DirStore {
             // buffers) stays valid until the CQE: slots and stages are
             // released only after it (a listing's after its last one).
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                let _ = self.ring.submit();
+                let submitted = self.ring.submit().is_ok();
+                if submitted {
+                    if let Offload::Unpinned(set) = self.offload {
+                        self.pin_copy_workers(&set);
+                    }
+                }
                 return Ok(());
             }
             if attempt == 0 {
@@ -1123,6 +1235,35 @@ impl DirStore {
             }
         }
         Err(QueueFull)
+    }
+
+    /// Pins the io_uring workers of the calling thread (the worker: a
+    /// task's io_uring workers are its own, and exist once it has
+    /// submitted) to `set`, once. On failure (a kernel before 5.14, or
+    /// cores outside the process's cpuset) says so and keeps every copy on
+    /// the worker: unpinned, the io_uring workers could land on a polling
+    /// core.
+    fn pin_copy_workers(&mut self, set: &libc::cpu_set_t) {
+        match self.ring.submitter().register_iowq_aff(set) {
+            Ok(()) => self.offload = Offload::On,
+            Err(e) => {
+                self.offload = Offload::Off;
+                eprintln!(
+                    "smbdirectd: directory store: cannot pin io_uring workers to the \
+                     --store-copy-cores ({e}): READ and WRITE copies stay on the worker"
+                );
+            }
+        }
+    }
+
+    /// Whether a READ or WRITE of `len` bytes of a memory file system goes
+    /// to an io_uring worker on a copy core instead of being copied here:
+    /// copy cores are set and pinned, the copy is large, and `others` (a
+    /// transfer besides this one is in flight on this worker: its copy, or
+    /// on a NIC-less RDMA provider its packet work, can run meanwhile). Alone,
+    /// a copy sent away only waits for a wake-up.
+    fn offload_now(&self, len: u32, others: bool) -> bool {
+        matches!(self.offload, Offload::On) && len >= OFFLOAD_MIN_BYTES && others
     }
 
     /// Pushes an SQE for slot `slot` and counts it in flight.
@@ -1353,7 +1494,14 @@ impl DirStore {
                 let buf = unsafe { self.staging.ptr(stage).add(got as usize) };
                 let (off, n) = (offset + u64::from(got), len - got);
                 let fd = Self::io_fd(file, off, n, buf);
-                opcode::Read::new(types::Fd(fd), buf, n).offset(off).build()
+                let e = opcode::Read::new(types::Fd(fd), buf, n).offset(off).build();
+                // A file of the synchronous device is here only as a copy
+                // sent off the worker: never run inline in the submission.
+                if file.sync_rw {
+                    e.flags(squeue::Flags::ASYNC)
+                } else {
+                    e
+                }
             }
             Kind::Write {
                 h,
@@ -1367,9 +1515,14 @@ impl DirStore {
                 let buf = unsafe { self.staging.ptr(stage).add(put as usize) };
                 let (off, n) = (offset + u64::from(put), len - put);
                 let fd = Self::io_fd(file, off, n, buf);
-                opcode::Write::new(types::Fd(fd), buf, n)
+                let e = opcode::Write::new(types::Fd(fd), buf, n)
                     .offset(off)
-                    .build()
+                    .build();
+                if file.sync_rw {
+                    e.flags(squeue::Flags::ASYNC)
+                } else {
+                    e
+                }
             }
             _ => return Err(StoreError::Io(libc::EINVAL)),
         };
@@ -2237,7 +2390,10 @@ impl Store for DirStore {
                 return Poll::Ready(Err(e));
             }
         };
-        if sync {
+        // This WRITE's own pin may still be out: another transfer is a
+        // second pin, or an I/O on the ring.
+        let others = self.pinned > usize::from(self.ops[slot].pin_out) || self.in_flight > 0;
+        if sync && !self.offload_now(len, others) {
             // SAFETY: the run holds the `len` bytes the RDMA Read placed
             // (its completion came before this call) and nothing writes it
             // while the slot holds it; it is not `self`'s memory, so the
@@ -2583,7 +2739,10 @@ impl DirStore {
         {
             return Poll::Ready(Err(StoreError::Io(libc::EINVAL)));
         }
-        if sync {
+        // A WRITE given its bytes stays synchronous: on the ring it would
+        // cost a second copy (into a staging run first).
+        let others = self.pinned > 0 || self.in_flight > 0;
+        if sync && (data.is_some() || !self.offload_now(len, others)) {
             return match data {
                 Some(d) => self.write_now(h, offset, d),
                 None => self.read_now(tag, h, offset, len),
@@ -4426,6 +4585,114 @@ mod tests {
             s.poll(&mut |_| {});
             assert_idle(&s);
         }
+    }
+
+    /// `--store-copy-cores`: on a memory file system a large READ or
+    /// WRITE goes to the ring (Pending) only while another transfer is in
+    /// flight, a lone one or a small one is copied at once, and either way
+    /// the file gets the bytes and every slot, run and pin comes home.
+    #[test]
+    fn large_copies_leave_the_worker_only_beside_another_transfer() {
+        if !shm_is_memory() {
+            return;
+        }
+        let dir = TempDir::new(Backing::Memory, "copy-cores");
+        // The io_uring workers may run on any core this test may use.
+        let mut allowed = Vec::new();
+        // SAFETY: a zeroed set, filled by the call for this thread.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        assert_eq!(
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) },
+            0
+        );
+        for c in 0..libc::CPU_SETSIZE as usize {
+            // SAFETY: `c` is inside the set.
+            if unsafe { libc::CPU_ISSET(c, &set) } {
+                allowed.push(c);
+            }
+        }
+        let f = factory(&dir, false).with_copy_cores(&allowed);
+        assert!(
+            f.rw_description().contains("io_uring workers on cores"),
+            "{}",
+            f.rw_description()
+        );
+        let mut s = f.store().unwrap();
+        let zc = s.zero_copy().expect("the staging slab is offered");
+        let (h, _) = open(&mut s, "f", Disposition::Create).unwrap();
+        // The CREATE went through the ring: the workers are pinned now.
+        match s.offload {
+            Offload::On => {}
+            Offload::Off => {
+                eprintln!(
+                    "skipped: this kernel cannot pin io_uring workers (IORING_REGISTER_IOWQ_AFF)"
+                );
+                return;
+            }
+            Offload::Unpinned(_) => panic!("not pinned after the first submission"),
+        }
+        let mb = 1u32 << 20;
+        let data: Vec<u8> = (0..mb).map(|i| (i % 251) as u8).collect();
+        // A WRITE given its bytes: synchronous whatever its size.
+        assert_eq!(s.write(2, h, 0, &data), Poll::Ready(Ok(mb)));
+        // A lone READ, and a small one: copied at once.
+        assert_eq!(s.read(3, h, 0, mb), Poll::Ready(Ok(mb)));
+        s.cancel(3);
+        let mut piece = [Piece {
+            sge: Sge {
+                addr: 0,
+                len: 0,
+                lkey: 0,
+            },
+            pin: 0,
+        }; 1];
+        // Two WRITEs whose RDMA Reads placed their data.
+        let mut pins = Vec::new();
+        for (tag, fill) in [(10u64, 0x11u8), (11, 0x22)] {
+            assert_eq!(
+                s.pin_write(tag, h, u64::from(mb) * (tag - 9), mb, &[7], &mut piece),
+                Some(1)
+            );
+            // SAFETY: the pinned run of `mb` bytes, ours to fill.
+            unsafe { std::ptr::write_bytes(piece[0].sge.addr as *mut u8, fill, mb as usize) };
+            pins.push(piece[0]);
+        }
+        // A small READ beside them stays synchronous.
+        assert_eq!(s.read(4, h, 0, 4096), Poll::Ready(Ok(4096)));
+        s.cancel(4);
+        // A large READ beside them goes to the ring.
+        assert_eq!(s.read(5, h, 0, mb), Poll::Pending);
+        assert_eq!(drive(&mut s, 5, |s| s.read(5, h, 0, mb)), Ok(mb));
+        let mut out = vec![0u8; mb as usize];
+        s.copy_out(5, h, 0, &mut out);
+        assert!(out == data, "the READ from the ring holds the file's bytes");
+        // The first pinned WRITE has the second beside it: to the ring.
+        assert_eq!(s.write_pinned(10, h, u64::from(mb), mb), Poll::Pending);
+        assert_eq!(
+            drive(&mut s, 10, |s| s.write(10, h, u64::from(mb), &[])),
+            Ok(mb)
+        );
+        // Its pin back, the second is alone: written at once.
+        zc.pins.unpin(&pins[0]);
+        s.poll(&mut |_| {});
+        assert_eq!(
+            s.write_pinned(11, h, 2 * u64::from(mb), mb),
+            Poll::Ready(Ok(mb))
+        );
+        zc.pins.unpin(&pins[1]);
+        s.poll(&mut |_| {});
+        assert_idle(&s);
+        assert_eq!(s.pinned, 0);
+        let file = std::fs::read(dir.0.join("f")).unwrap();
+        assert_eq!(file.len(), 3 * mb as usize);
+        assert!(file[..mb as usize] == data[..]);
+        assert!(file[mb as usize..2 * mb as usize]
+            .iter()
+            .all(|&b| b == 0x11));
+        assert!(file[2 * mb as usize..].iter().all(|&b| b == 0x22));
+        s.close(h);
+        s.poll(&mut |_| {});
+        assert_idle(&s);
     }
 
     /// `rm f; touch f` through a client: the CLOSE of a delete-on-close
