@@ -108,8 +108,13 @@ start_server() { # extra serve flags...
 	# 200 us of busy-polling unless the caller names its own
 	local park=(--idle-park-us 200)
 	[[ " $* " == *" --idle-park-us "* ]] && park=()
+	# the worker polls on vCPU 1; vCPU 0 (fio, cifs.ko) makes the store's
+	# large copies while the worker has another transfer in flight, as
+	# ksmbd.ko's kworkers copy on whichever vCPU is free
+	local copy=(--store-copy-cores 0)
+	[[ " $* " == *" --store-copy-cores "* ]] && copy=()
 	"$BIN" serve --provider verbs --listen "$IP:$SRV_PORT" --cores 1 --max-connections 8 --pool-mem 128M \
-		"${park[@]}" --store "$STORE" --users "$LOG/users" "${capture[@]}" --stats-interval 0 "$@" \
+		"${park[@]}" "${copy[@]}" --store "$STORE" --users "$LOG/users" "${capture[@]}" --stats-interval 0 "$@" \
 		> >(tee "$LOG/server$n.log" | sed 's/^/server: /' >&2) 2>&1 &
 	SRV_PID=$!
 	for ((i = 0; i < 300; i++)); do

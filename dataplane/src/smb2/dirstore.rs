@@ -45,9 +45,11 @@
 //! has something else to do meanwhile, such as a Soft-RoCE RDMA Read whose
 //! packet work runs inside the worker's `ibv_post_send`. A lone copy stays
 //! on the worker: handed away it would only wait for the io_uring worker's
-//! wake-up. Measured in the Soft-RoCE guest through cifs.ko (1 MiB WRITEs;
-//! docs/bench-results.md, session 27): every WRITE sent away gained at QD 4
-//! and lost about 6 % at QD 1, which the in-flight rule keeps synchronous.
+//! wake-up. Measured in the Soft-RoCE guest through cifs.ko, 1 MiB at
+//! QD 4 and QD 1 (docs/bench-results.md, session 27): with this rule
+//! sequential READs at QD 4 gained 8-10 % over copies on the worker in two
+//! runs, WRITEs stayed within noise, QD 1 lost nothing; sending every
+//! large copy away instead cost QD 1 WRITEs a quarter.
 //! Pinning fails on kernels before 5.14: said once per worker, and every
 //! copy stays on the worker. With a disk store the pinning keeps the
 //! io_uring workers off the polling cores too.
