@@ -547,18 +547,21 @@ impl DirStoreFactory {
     /// How READ and WRITE are done, for the start-up log.
     pub fn rw_description(&self) -> String {
         match (self.sync_rw(), self.memory_fs) {
-            (Some(fs), _) if !self.copy_cores.is_empty() => format!(
-                "{fs}: READ and WRITE synchronous on the worker (memory file system; \
-                 io_uring for mounts beneath the root and for metadata), except \
-                 copies of {} KiB or more while another transfer is in flight, \
-                 which io_uring workers on cores {} make",
-                OFFLOAD_MIN_BYTES >> 10,
-                cores_list(&self.copy_cores)
-            ),
-            (Some(fs), _) => format!(
-                "{fs}: READ and WRITE synchronous on the worker (memory file system; \
-                 io_uring for mounts beneath the root and for metadata)"
-            ),
+            (Some(fs), _) => {
+                let mut d = format!(
+                    "{fs}: READ and WRITE synchronous on the worker (memory file system; \
+                     io_uring for mounts beneath the root and for metadata)"
+                );
+                if !self.copy_cores.is_empty() {
+                    d.push_str(&format!(
+                        ", except copies of {} KiB or more while another transfer is in \
+                         flight, which io_uring workers on cores {} make",
+                        OFFLOAD_MIN_BYTES >> 10,
+                        cores_list(&self.copy_cores)
+                    ));
+                }
+                d
+            }
             (None, Some(fs)) => format!(
                 "{fs}: READ and WRITE through io_uring (--store-io uring){}",
                 self.copy_workers()
