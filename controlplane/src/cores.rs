@@ -64,26 +64,9 @@ pub fn check_available(cores: &[usize], available: &[usize]) -> Result<(), Strin
     Ok(())
 }
 
-/// Formats a core list compactly (`0-3,6`).
-pub fn format_cores(cores: &[usize]) -> String {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < cores.len() {
-        let start = cores[i];
-        let mut end = start;
-        while i + 1 < cores.len() && cores[i + 1] == end + 1 {
-            i += 1;
-            end = cores[i];
-        }
-        out.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
-        i += 1;
-    }
-    out.join(",")
-}
+/// Formats a core list compactly (`0-3,6`); the data plane's, which also
+/// names cores in its own messages.
+pub use smbdirect_dataplane::cores::format_cores;
 
 /// The cores this process may run on.
 pub fn available_cores() -> Vec<usize> {

@@ -4,6 +4,7 @@
 pub mod capture;
 pub mod client;
 pub mod clock;
+pub mod cores;
 pub mod endpoint;
 pub mod hint;
 pub mod idhash;

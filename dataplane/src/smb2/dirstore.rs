@@ -253,15 +253,6 @@ pub const DIRECT_ALIGN: u64 = 4096;
 /// than the copy it takes off the worker.
 pub const OFFLOAD_MIN_BYTES: u32 = 256 << 10;
 
-/// `cores` as a list for an operator ("0,2,3").
-fn cores_list(cores: &[usize]) -> String {
-    cores
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// `cores` as a CPU set.
 fn cpu_set(cores: &[usize]) -> libc::cpu_set_t {
     // SAFETY: an all-zero cpu_set_t is the empty set.
@@ -557,7 +548,7 @@ impl DirStoreFactory {
                         ", except copies of {} KiB or more while another transfer is in \
                          flight, which io_uring workers on cores {} make",
                         OFFLOAD_MIN_BYTES >> 10,
-                        cores_list(&self.copy_cores)
+                        crate::cores::format_cores(&self.copy_cores)
                     ));
                 }
                 d
@@ -575,7 +566,10 @@ impl DirStoreFactory {
         if self.copy_cores.is_empty() {
             String::new()
         } else {
-            format!(", its workers on cores {}", cores_list(&self.copy_cores))
+            format!(
+                ", its workers on cores {}",
+                crate::cores::format_cores(&self.copy_cores)
+            )
         }
     }
 
@@ -608,7 +602,7 @@ impl StoreFactory for DirStoreFactory {
         if !self.copy_cores.is_empty() {
             d.push_str(&format!(
                 " (io_uring workers on cores {})",
-                cores_list(&self.copy_cores)
+                crate::cores::format_cores(&self.copy_cores)
             ));
         }
         d
