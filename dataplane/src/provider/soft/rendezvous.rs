@@ -1509,6 +1509,26 @@ mod tests {
             }
             got
         };
+        // The slow request's first part (its fds still to come) is read
+        // before the other connector arrives, and is not handed out.
+        let start = Instant::now();
+        while !listener
+            .pending
+            .first()
+            .is_some_and(|p| p.arriving.is_some())
+        {
+            assert!(
+                start.elapsed() < REQUEST_TIMEOUT,
+                "the slow request's first part was never read"
+            );
+            let early = listener
+                .accept_request(Duration::from_millis(20))
+                .expect("accept_request");
+            assert!(
+                early.is_none(),
+                "a request without all its fds was handed out"
+            );
+        }
         std::thread::scope(|s| {
             let c = s.spawn(|| {
                 client.connect(addr, &h, QpCaps::default(), &[], Duration::from_secs(10))
