@@ -671,3 +671,80 @@ fn send_against_an_smb2_server_is_an_error_not_a_hang() {
     assert!(!o.stderr.is_empty(), "{}", text(&o));
     drop(d);
 }
+
+/// `serve --store-copy-cores` with a directory store on a memory file
+/// system: 1 MiB READs at queue depth 4 make large copies, and `stats
+/// --json` counts each as sent to the copy core or kept on the worker
+/// (`store_copies_away`, `store_copies_kept`); with several READs in flight
+/// at once, some go away.
+#[test]
+fn large_store_copies_are_counted_as_sent_away_or_kept() {
+    let _g = common::serial();
+    let shm_is_tmpfs = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("/dev/shm") && l.contains(" tmpfs "))
+    });
+    if !shm_is_tmpfs {
+        eprintln!("skipped: /dev/shm is not a tmpfs here (copies leave the worker only on one)");
+        return;
+    }
+    if std::thread::available_parallelism().map_or(0, |n| n.get()) < 2 {
+        eprintln!("skipped: one core (the copy core must not be the worker's)");
+        return;
+    }
+    let dir = PathBuf::from(format!("/dev/shm/smbdirectd-copies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("store dir");
+    let port = common::free_port();
+    let d = common::spawn(
+        port,
+        &[
+            "--upper",
+            "smb2",
+            "--store",
+            dir.to_str().unwrap(),
+            "--cores",
+            "1",
+            "--store-copy-cores",
+            "0",
+        ],
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let reads = 64u64;
+    let o = bench(
+        &[
+            "--connect",
+            &addr,
+            "--provider",
+            "soft",
+            "--workload",
+            "read",
+            "--size",
+            "1M",
+            "--file-size",
+            "8M",
+            "--queue-depth",
+            "4",
+            "--iterations",
+            &reads.to_string(),
+            "--warmup",
+            "0",
+            "--verify",
+            "--quiet",
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let doc = common::stats_json(&d);
+    let (_, err) = common::terminate(d);
+    let _ = std::fs::remove_dir_all(&dir);
+    if err.contains("cannot pin io_uring workers") {
+        eprintln!("skipped: this kernel cannot pin io_uring workers: {err}");
+        return;
+    }
+    let away = common::field(&doc, "store_copies_away");
+    let kept = common::field(&doc, "store_copies_kept");
+    eprintln!("{reads} READs of 1 MiB: copies sent away {away}, kept {kept}");
+    // Every measured READ is a large copy; the set-up's fill may add more.
+    assert!(away + kept >= reads, "{doc}");
+    assert!(away > 0, "four READs in flight, none sent away: {doc}");
+}

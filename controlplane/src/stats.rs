@@ -192,7 +192,7 @@ impl ServerStats {
 fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
     let _ = write!(
         s,
-        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{},\"rdma_table_waits\":{},\"busy_cycles\":{},\"idle_cycles\":{}}}",
+        "{{\"connections\":{},\"connections_total\":{},\"messages_in\":{},\"messages_out\":{},\"bytes_in\":{},\"bytes_out\":{},\"credit_stalls\":{},\"rnr\":{},\"protocol_errors\":{},\"rdma_errors\":{},\"pool_stalls\":{},\"store_full\":{},\"store_copies_away\":{},\"store_copies_kept\":{},\"timeouts\":{},\"sessions\":{},\"opens\":{},\"qos_queued\":{},\"idle_sleeps\":{},\"rdma_read_bytes\":{},\"rdma_write_bytes\":{},\"rdma_posts\":{},\"replies_chained\":{},\"rdma_table_waits\":{},\"busy_cycles\":{},\"idle_cycles\":{}}}",
         t.connections,
         t.connections_total,
         t.messages_in,
@@ -205,6 +205,8 @@ fn snapshot_json(s: &mut String, t: &WorkerStatsSnapshot) {
         t.rdma_errors,
         t.pool_stalls,
         t.store_full,
+        t.store_copies_away,
+        t.store_copies_kept,
         t.timeouts,
         t.sessions,
         t.opens,

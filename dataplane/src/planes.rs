@@ -340,6 +340,12 @@ pub struct WorkerStats {
     pub pool_stalls: AtomicU64,
     /// Requests refused because the store is full (STATUS_DISK_FULL).
     pub store_full: AtomicU64,
+    /// Large READ and WRITE copies of a memory-file-system store made on
+    /// a copy core (`serve --store-copy-cores`), and those eligible but
+    /// made on the worker, with nothing else in flight to overlap.
+    pub store_copies_away: AtomicU64,
+    /// See [`WorkerStats::store_copies_away`].
+    pub store_copies_kept: AtomicU64,
     /// Connections ended by the negotiation or keepalive timers.
     pub timeouts: AtomicU64,
     /// Poll-loop iterations that found work.
@@ -402,6 +408,8 @@ impl WorkerStats {
             rdma_errors: g(&self.rdma_errors),
             pool_stalls: g(&self.pool_stalls),
             store_full: g(&self.store_full),
+            store_copies_away: g(&self.store_copies_away),
+            store_copies_kept: g(&self.store_copies_kept),
             timeouts: g(&self.timeouts),
             sessions: g(&self.sessions),
             opens: g(&self.opens),
@@ -445,6 +453,10 @@ pub struct WorkerStatsSnapshot {
     pub pool_stalls: u64,
     /// Requests refused with STATUS_DISK_FULL.
     pub store_full: u64,
+    /// Large store copies made on a copy core.
+    pub store_copies_away: u64,
+    /// Large store copies made on the worker.
+    pub store_copies_kept: u64,
     /// Timer terminations.
     pub timeouts: u64,
     /// SMB2 sessions.
@@ -496,6 +508,8 @@ impl core::ops::AddAssign for WorkerStatsSnapshot {
         self.rdma_errors += o.rdma_errors;
         self.pool_stalls += o.pool_stalls;
         self.store_full += o.store_full;
+        self.store_copies_away += o.store_copies_away;
+        self.store_copies_kept += o.store_copies_kept;
         self.timeouts += o.timeouts;
         self.sessions += o.sessions;
         self.opens += o.opens;

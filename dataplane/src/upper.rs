@@ -747,6 +747,14 @@ impl UpperIo<'_> {
         WorkerStats::add(&self.stats.store_full, store_full);
     }
 
+    /// Adds to the worker's counts of large store copies
+    /// ([`crate::smb2::store::Store::take_copy_counts`]): made on a copy
+    /// core (`away`), or on the worker (`kept`).
+    pub fn add_copy_counts(&mut self, away: u64, kept: u64) {
+        WorkerStats::add(&self.stats.store_copies_away, away);
+        WorkerStats::add(&self.stats.store_copies_kept, kept);
+    }
+
     /// Publishes the upper layer's gauges (`stats`: sessions, opens,
     /// requests waiting in QoS queues).
     pub fn set_gauges(&mut self, sessions: u64, opens: u64, qos_queued: u64) {

@@ -50,6 +50,9 @@
 //! sequential READs at QD 4 gained 8-10 % over copies on the worker in two
 //! runs, WRITEs stayed within noise, QD 1 lost nothing; sending every
 //! large copy away instead cost QD 1 WRITEs a quarter.
+//! Each large copy is counted as sent away or kept
+//! ([`Store::take_copy_counts`]; `stats --json`: `store_copies_away`,
+//! `store_copies_kept`), so an operator sees the rule at work.
 //! Pinning fails on kernels before 5.14: said once per worker, and every
 //! copy stays on the worker. With a disk store the pinning keeps the
 //! io_uring workers off the polling cores too.
@@ -220,8 +223,8 @@
 
 use super::store::{
     attributes, disposition_allows_directory, filetime_from_unix, unix_from_filetime, valid_path,
-    Action, DirEntry, Disposition, FileInfo, FsInfo, Handle, OpenRequest, OpenTable, Poll,
-    SetTimes, Store, StoreError, StoreFactory, Tag, ZeroCopy,
+    Action, CopyCounts, DirEntry, Disposition, FileInfo, FsInfo, Handle, OpenRequest, OpenTable,
+    Poll, SetTimes, Store, StoreError, StoreFactory, Tag, ZeroCopy,
 };
 use crate::provider::Sge;
 use crate::zerocopy::{Piece, Pins};
@@ -1133,6 +1136,8 @@ pub struct DirStore {
     sync_dev: Option<u64>,
     /// Whether large copies of those files may leave the worker.
     offload: Offload,
+    /// Large copies decided since [`Store::take_copy_counts`] last ran.
+    copies: CopyCounts,
 }
 
 /// Copies off the worker (see the module docs), per [`DirStore`].
@@ -1209,6 +1214,7 @@ impl DirStore {
             } else {
                 Offload::Unpinned(cpu_set(&f.copy_cores))
             },
+            copies: CopyCounts::default(),
         })
     }
 
@@ -1261,8 +1267,18 @@ impl DirStore {
     /// transfer besides this one is in flight on this worker: its copy, or
     /// on a NIC-less RDMA provider its packet work, can run meanwhile). Alone,
     /// a copy sent away only waits for a wake-up.
-    fn offload_now(&self, len: u32, others: bool) -> bool {
-        matches!(self.offload, Offload::On) && len >= OFFLOAD_MIN_BYTES && others
+    /// Each large copy is counted as sent away or kept
+    /// ([`Store::take_copy_counts`]).
+    fn offload_now(&mut self, len: u32, others: bool) -> bool {
+        if !matches!(self.offload, Offload::On) || len < OFFLOAD_MIN_BYTES {
+            return false;
+        }
+        if others {
+            self.copies.away += 1;
+        } else {
+            self.copies.kept += 1;
+        }
+        others
     }
 
     /// Pushes an SQE for slot `slot` and counts it in flight.
@@ -2365,6 +2381,10 @@ impl Store for DirStore {
         self.ops[slot].pin_out = true;
         self.pinned += 1;
         Some(1)
+    }
+
+    fn take_copy_counts(&mut self) -> CopyCounts {
+        std::mem::take(&mut self.copies)
     }
 
     fn write_pinned(&mut self, tag: Tag, h: Handle, offset: u64, len: u32) -> Poll<u32> {
@@ -4637,6 +4657,10 @@ mod tests {
         // A lone READ, and a small one: copied at once.
         assert_eq!(s.read(3, h, 0, mb), Poll::Ready(Ok(mb)));
         s.cancel(3);
+        // Counted: the inline WRITE was never eligible, the READ was kept.
+        let counts = |away, kept| CopyCounts { away, kept };
+        assert_eq!(s.take_copy_counts(), counts(0, 1));
+        assert_eq!(s.take_copy_counts(), counts(0, 0), "taken");
         let mut piece = [Piece {
             sge: Sge {
                 addr: 0,
@@ -4659,12 +4683,15 @@ mod tests {
         // A small READ beside them stays synchronous.
         assert_eq!(s.read(4, h, 0, 4096), Poll::Ready(Ok(4096)));
         s.cancel(4);
+        assert_eq!(s.take_copy_counts(), counts(0, 0), "too small to count");
         // A large READ beside them goes to the ring.
         assert_eq!(s.read(5, h, 0, mb), Poll::Pending);
         assert_eq!(drive(&mut s, 5, |s| s.read(5, h, 0, mb)), Ok(mb));
         let mut out = vec![0u8; mb as usize];
         s.copy_out(5, h, 0, &mut out);
         assert!(out == data, "the READ from the ring holds the file's bytes");
+        // Counted once, not again for the repeated call that collected it.
+        assert_eq!(s.take_copy_counts(), counts(1, 0));
         // The first pinned WRITE has the second beside it: to the ring.
         assert_eq!(s.write_pinned(10, h, u64::from(mb), mb), Poll::Pending);
         assert_eq!(
@@ -4680,6 +4707,7 @@ mod tests {
         );
         zc.pins.unpin(&pins[1]);
         s.poll(&mut |_| {});
+        assert_eq!(s.take_copy_counts(), counts(1, 1));
         assert_idle(&s);
         assert_eq!(s.pinned, 0);
         let file = std::fs::read(dir.0.join("f")).unwrap();

@@ -559,6 +559,10 @@ struct Core {
     /// refused with STATUS_DISK_FULL.
     pool_stalls: u64,
     store_full: u64,
+    /// A READ or a pinned WRITE went to the store since the last poll:
+    /// its large-copy counts ([`Store::take_copy_counts`]) are collected
+    /// there, not asked for at every poll.
+    copies_due: bool,
     /// Zero-copy RDMA to and from the store, when it offers it and its
     /// memory is registered ([`UpperLayer::set_zero_copy_regions`]).
     zc: Option<ZeroCopyState>,
@@ -651,6 +655,7 @@ impl Smb2Server {
                 warn_log: [RateLimited::new(std::time::Duration::from_secs(1)); 4],
                 pool_stalls: 0,
                 store_full: 0,
+                copies_due: false,
                 zc: None,
             },
             conns: id_map(0),
@@ -1847,6 +1852,7 @@ impl Core {
                 if !self.admit(flow, lane, ex, u64::from(r.length))? {
                     return Ok(Step::Hold(Wait::Qos));
                 }
+                self.copies_due = true;
                 let avail = match self.store.read(tag, handle, r.offset, r.length) {
                     Poll::Pending => return Ok(Step::Hold(Wait::Store)),
                     Poll::Ready(n) => n.map_err(|e| e.status())?,
@@ -2288,6 +2294,7 @@ impl Core {
         };
         let written = if done.zero_copy {
             // The RDMA Read placed the data in the store's pinned memory.
+            self.copies_due = true;
             self.store.write_pinned(tag, handle, offset, done.len)
         } else {
             self.store.write(tag, handle, offset, done.data)
@@ -2503,6 +2510,7 @@ impl UpperLayer for Smb2Server {
                 (RdmaKind::Read, None) => ex.rdma = Some(Err(STATUS_FILE_CLOSED)),
                 (RdmaKind::Read, Some(h)) => {
                     let written = if done.zero_copy {
+                        core.copies_due = true;
                         core.store.write_pinned(tag, h, offset, done.len)
                     } else {
                         core.store.write(tag, h, offset, done.data)
@@ -2688,6 +2696,13 @@ impl UpperLayer for Smb2Server {
                 std::mem::take(&mut core.pool_stalls),
                 std::mem::take(&mut core.store_full),
             );
+        }
+        if core.copies_due {
+            core.copies_due = false;
+            let c = core.store.take_copy_counts();
+            if c != store::CopyCounts::default() {
+                io.add_copy_counts(c.away, c.kept);
+            }
         }
         if core.gauges_dirty {
             core.gauges_dirty = false;

@@ -416,6 +416,25 @@ pub trait Store: Send + 'static {
     fn write_pinned(&mut self, _tag: Tag, _h: Handle, _offset: u64, _len: u32) -> Poll<u32> {
         Poll::Ready(Err(StoreError::Io(libc::EINVAL)))
     }
+
+    /// The large copies the store placed since the last call: with copy
+    /// cores set (`serve --store-copy-cores`), how many READ and WRITE
+    /// copies went to them and how many stayed on the worker (see the
+    /// directory store's "Copies off the worker"). Zero (the default) for
+    /// a store that never sends a copy away.
+    fn take_copy_counts(&mut self) -> CopyCounts {
+        CopyCounts::default()
+    }
+}
+
+/// What [`Store::take_copy_counts`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyCounts {
+    /// Copies made by a thread on a copy core.
+    pub away: u64,
+    /// Copies eligible to go (large enough) made on the worker, because
+    /// nothing else of the worker's was in flight to overlap with.
+    pub kept: u64,
 }
 
 /// Makes one [`Store`] handle per worker.
