@@ -561,7 +561,8 @@ cpu_delta() { # "BEFORE" "AFTER" -> seconds
 # (softirq work deferred out of interrupt exit: rxe's packet processing
 # when it overruns its budget), smbdirectd's user and system ticks and
 # context switches, the kernel's memory-management event counters, and
-# rxe0's hardware counters (rxe packets, retries, sequence errors)
+# rxe0's hardware counters (rxe packets, retries, sequence errors), and
+# smbdirectd's counts of large store copies
 detail_snap() {
 	awk '/^cpu[0-9]/ { print $1 ".user", $2 + $3; print $1 ".sys", $4; print $1 ".sirq", $8; print $1 ".idle", $5 + $6 }' /proc/stat
 	local p c
@@ -576,6 +577,9 @@ detail_snap() {
 	for p in /sys/class/infiniband/*/ports/1/hw_counters/*; do
 		[ -r "$p" ] && echo "rxe.${p##*/} $(cat "$p" 2>/dev/null)"
 	done
+	# large store copies made on the copy core or kept on the worker
+	# (serve --store-copy-cores)
+	[ -n "$SRV_PID" ] && stats | jq -r '.total | to_entries[] | select(.key | startswith("store_copies")) | "smbd.\(.key) \(.value)"' 2>/dev/null
 	return 0
 }
 detail_delta() { # BEFORE-FILE AFTER-FILE -> "key=delta ..." (non-zero only)
