@@ -12,6 +12,9 @@
 #   scripts/cifs-guest.sh; the guest prints it).
 # Prints one Markdown row per job in bench.sh's table shape: medians of each
 # side and the median of the per-pair ratios smbdirectd / ksmbd (goal >= 1).
+# For the 1 MiB jobs every round also measures what one rxe queue pair moves
+# with no server above it (perftest ib_write_bw / ib_read_bw, 1 MiB, fio's
+# iodepth outstanding), and a row per server gives its ratio to that ceiling.
 # Progress and the guest's log go to stderr and target/cifs-tests-bench/.
 #
 #   scripts/bench-cifs.sh --pairs 5            # ~15 min on the loaded 2-core host (TCG guest)
@@ -62,14 +65,15 @@ else
 	echo "bench-cifs: $pairs pairs, fio ${runtime} s per job; guest log in $log" >&2
 	# the guest's time limit: boot, ksmbd, then per pair 2 mounts and 8 fio runs
 	export BENCH_PAIRS=$pairs BENCH_RUNTIME=$runtime BENCH_ONLY=$jobs
-	export CIFS_TESTS_TIMEOUT=${CIFS_TESTS_TIMEOUT:-$((300 + pairs * (8 * (runtime + 25) + 120)))}
+	# (and 2 perftest runs for rxe's ceiling of the 1 MiB jobs)
+	export CIFS_TESTS_TIMEOUT=${CIFS_TESTS_TIMEOUT:-$((300 + pairs * (10 * (runtime + 25) + 120)))}
 	scripts/cifs-tests.sh --bench >"$log" 2>&1 || status=$?
 fi
 if grep -q '^cifs-tests: skipped' "$log"; then
 	not_run "$(sed -n 's/^cifs-tests: skipped: //p' "$log" | head -n 1)"
 fi
 { grep -E '^(bench: |OK: |FAIL: |FATAL: )' "$log" || true; } | sed 's/^/bench-cifs: /' >&2
-values=$(grep -E '^bench: pair=[0-9]+ server=(smbdirectd|smbdirectd-alt|ksmbd) job=[a-z0-9]+ value=[0-9.]+$' "$log" || true)
+values=$(grep -E '^bench: pair=[0-9]+ server=(smbdirectd|smbdirectd-alt|ksmbd|rxe-ceiling) job=[a-z0-9]+ value=[0-9.]+$' "$log" || true)
 if [ -z "$values" ]; then
 	not_run "no figures: cifs-tests.sh --bench exit $status, logs in $out"
 fi
@@ -123,3 +127,33 @@ while read -r _ job metric args; do
 	echo "| cifs.ko -o rdma (rxe guest), $label: $srv vs ksmbd.ko | \`smbdirectd serve --provider verbs$flags\`, fio \`$args --direct=1 --ioengine=libaio --runtime=$runtime\` | $ma | \`ksmbd.ko\` (same mount options and files) | $mb | $mr | >= 1 | $verdict | ${ratios[*]:-none}$note |"
 done < <(grep -E '^bench-job: ' "$log" | awk '!seen[$2]++')
 done
+# The 1 MiB jobs against what one rxe queue pair moves on its own in the
+# same rounds (the guest's "rxe-ceiling": perftest's 1 MiB RDMA Writes for a
+# read job, RDMA Reads for a write job, as many outstanding as fio's
+# iodepth): how close each server comes to the device; no target.
+while read -r _ job metric args; do
+	grep -q "server=rxe-ceiling job=$job " <<<"$values" || continue
+	case $metric in read_mbs) tool="ib_write_bw -t" ;; *) tool="ib_read_bw -o" ;; esac
+	qd=$(sed -n 's/.*--iodepth=\([0-9]*\).*/\1/p' <<<"$args")
+	cs=()
+	for ((p = 1; p <= pairs; p++)); do
+		c=$(value_of "$p" rxe-ceiling "$job")
+		[ -n "$c" ] && cs+=("$c")
+	done
+	mc=$(printf '%s\n' "${cs[@]}" | grep . | median)
+	for srv in $ours ksmbd; do
+		as=() ratios=()
+		for ((p = 1; p <= pairs; p++)); do
+			a=$(value_of "$p" "$srv" "$job")
+			c=$(value_of "$p" rxe-ceiling "$job")
+			[ -n "$a" ] && as+=("$a")
+			if [ -n "$a" ] && [ -n "$c" ] && awk -v x="$a" -v y="$c" 'BEGIN { exit !(x > 0 && y > 0) }'; then
+				ratios+=("$(awk -v x="$a" -v y="$c" 'BEGIN { printf "%.3f", x / y }')")
+			fi
+		done
+		ma=$(printf '%s\n' "${as[@]}" | grep . | median)
+		mr=nan
+		[ ${#ratios[@]} -gt 0 ] && mr=$(printf '%.3f' "$(printf '%s\n' "${ratios[@]}" | median)")
+		echo "| cifs.ko -o rdma (rxe guest), fio $job (MB/s): $srv vs rxe's one-queue-pair ceiling | $srv, fio \`$args\` | $ma | perftest \`$tool $qd -s 1048576\` on rxe0, same rounds | $mc | $mr | - | - | ${ratios[*]:-none}$note |"
+	done
+done < <(grep -E '^bench-job: ' "$log" | awk '!seen[$2]++')

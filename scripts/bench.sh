@@ -371,7 +371,7 @@ if [ "$rxe_vm" = 1 ]; then
 		while IFS= read -r line; do rows+=("$line"); done < <(scripts/bench-cifs.sh --pairs "$pairs")
 		[ -n "$out" ] && { cat "$out"; echo; } >"$tmp/verbs.md" 2>/dev/null
 		print_table "cifs.ko over SMB Direct in the rxe-vm guest: smbdirectd vs ksmbd.ko" \
-			"started $started, commit $rev, one guest boot (TCG), same cifs.ko, mount options and files, $pairs pairs alternating smbdirectd / ksmbd.ko (the order swapping every pair); ratio = median of per-pair ratios smbdirectd / ksmbd.ko (scripts/bench-cifs.sh)"
+			"started $started, commit $rev, one guest boot (TCG), same cifs.ko, mount options and files, $pairs pairs alternating smbdirectd / ksmbd.ko (the order swapping every pair); ratio = median of per-pair ratios smbdirectd / ksmbd.ko, or, in the rows against rxe's one-queue-pair ceiling, each server / perftest on rxe0 in the same rounds (scripts/bench-cifs.sh)"
 		# --out gets both tables
 		[ -s "$tmp/verbs.md" ] && cat "$tmp/verbs.md" "$out" >"$tmp/both.md" && cp "$tmp/both.md" "$out"
 	fi

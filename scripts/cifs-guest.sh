@@ -590,6 +590,28 @@ detail_delta() { # BEFORE-FILE AFTER-FILE -> "key=delta ..." (non-zero only)
 # in bench runs) leaves the client unable to mount; nothing after it
 # measures anything.
 kernel_died() { (($(cat /proc/sys/kernel/tainted) & 128)); }
+# What one rxe queue pair moves with nothing above it, for a 1 MiB job
+# (--bs=1m): perftest's 1 MiB RDMA Writes (a READ's data) or RDMA Reads (a
+# WRITE's) with --iodepth of them outstanding, in MB/s (10^6; perftest
+# prints MiB/s). Each server's transfers for one mount go through one
+# queue pair, so this is the ceiling of the job's row. Empty for other jobs.
+rxe_ceiling() { # METRIC FIO-ARGS...
+	local metric=$1 tool depth qd=1 a
+	shift
+	# outstanding Writes are the send queue's depth (-t), Reads their own (-o)
+	case $metric in read_mbs) tool=ib_write_bw depth=-t ;; write_mbs) tool=ib_read_bw depth=-o ;; *) return 0 ;; esac
+	[[ " $* " == *" --bs=1m "* ]] || return 0
+	for a in "$@"; do [[ $a == --iodepth=* ]] && qd=${a#--iodepth=}; done
+	command -v "$tool" >/dev/null || return 0
+	local port=$((19000 + RANDOM % 1000)) n=$((BENCH_RUNTIME * 16)) srv v
+	timeout 120 "$tool" -d rxe0 -x 1 -s 1048576 -n "$n" "$depth" "$qd" -p "$port" >/dev/null 2>&1 &
+	srv=$!
+	sleep 1
+	v=$(timeout 120 "$tool" -d rxe0 -x 1 -s 1048576 -n "$n" "$depth" "$qd" -p "$port" "$IP" 2>/dev/null |
+		awk '$1 == 1048576 && NF >= 4 { printf "%.2f", $4 * 1.048576 }' | tail -n 1)
+	wait "$srv" 2>/dev/null
+	echo "$v"
+}
 bench_mode() {
 	SRV_PORT=5445
 	mkdir -p "$MNT"
@@ -611,6 +633,9 @@ bench_mode() {
 		servers="smbdirectd smbdirectd-alt ksmbd"
 		echo "bench-alt: ${BENCH_ALT_BIN:+binary $BENCH_ALT_BIN }${BENCH_ALT:-}"
 	fi
+	# 1 MiB jobs: rxe's own ceiling for them, measured in every round
+	# beside the servers ("rxe-ceiling", no mount: perftest on rxe0)
+	[[ " ${BENCH_JOBS[*]} " == *" --bs=1m "* ]] && servers="$servers rxe-ceiling"
 	local order
 	for ((p = 1; p <= BENCH_PAIRS; p++)); do
 		# A B, B A, A B ...: the server measured first in a round did
@@ -621,6 +646,15 @@ bench_mode() {
 		((p % 2 == 0)) && order=$(printf '%s\n' $servers | tac | tr '\n' ' ')
 		for srv in $order; do
 			say "pair $p/$BENCH_PAIRS: $srv"
+			if [ "$srv" = rxe-ceiling ]; then
+				for spec in "${BENCH_JOBS[@]}"; do
+					read -r name file metric args <<<"$spec"
+					# shellcheck disable=SC2086
+					v=$(rxe_ceiling "$metric" $args)
+					[ -n "$v" ] && echo "bench: pair=$p server=rxe-ceiling job=$name value=$v"
+				done
+				continue
+			fi
 			# shellcheck disable=SC2086
 			case $srv in
 			smbdirectd) start_server ;;
