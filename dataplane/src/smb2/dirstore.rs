@@ -1267,6 +1267,7 @@ impl DirStore {
     /// transfer besides this one is in flight on this worker: its copy, or
     /// on a NIC-less RDMA provider its packet work, can run meanwhile). Alone,
     /// a copy sent away only waits for a wake-up.
+    ///
     /// Each large copy is counted as sent away or kept
     /// ([`Store::take_copy_counts`]).
     fn offload_now(&mut self, len: u32, others: bool) -> bool {

@@ -430,7 +430,7 @@ pub trait Store: Send + 'static {
 /// What [`Store::take_copy_counts`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CopyCounts {
-    /// Copies made by a thread on a copy core.
+    /// Copies sent to a thread on a copy core (an io_uring worker).
     pub away: u64,
     /// Copies eligible to go (large enough) made on the worker, because
     /// nothing else of the worker's was in flight to overlap with.
