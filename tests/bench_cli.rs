@@ -35,6 +35,20 @@ fn bench(args: &[&str], limit: Duration) -> Output {
     }
 }
 
+/// [`bench`] of `workload` against a running soft `serve` at `addr`.
+fn bench_connect(addr: &str, workload: &str, extra: &[&str], limit: Duration) -> Output {
+    let mut args = vec![
+        "--connect",
+        addr,
+        "--provider",
+        "soft",
+        "--workload",
+        workload,
+    ];
+    args.extend_from_slice(extra);
+    bench(&args, limit)
+}
+
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "smbdirectd-bench-cli-{}-{name}",
@@ -500,20 +514,10 @@ fn smb2_workloads_against_an_echo_server_are_an_error_not_a_hang() {
     let port = common::free_port();
     let d = common::spawn(port, &[]);
     let addr = format!("127.0.0.1:{port}");
-    let o = bench(
-        &[
-            "--connect",
-            &addr,
-            "--provider",
-            "soft",
-            "--workload",
-            "read",
-            "--file-size",
-            "1M",
-            "--iterations",
-            "10",
-            "--quiet",
-        ],
+    let o = bench_connect(
+        &addr,
+        "read",
+        &["--file-size", "1M", "--iterations", "10", "--quiet"],
         Duration::from_secs(60),
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -710,14 +714,10 @@ fn large_store_copies_are_counted_as_sent_away_or_kept() {
     );
     let addr = format!("127.0.0.1:{port}");
     let reads = 64u64;
-    let o = bench(
+    let o = bench_connect(
+        &addr,
+        "read",
         &[
-            "--connect",
-            &addr,
-            "--provider",
-            "soft",
-            "--workload",
-            "read",
             "--size",
             "1M",
             "--file-size",
