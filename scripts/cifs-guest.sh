@@ -105,8 +105,13 @@ start_server() { # extra serve flags...
 	local capture=()
 	[ "$MODE" = --test ] && capture=(--capture "$LOG/server$n.pcap")
 	# rxe0 allows CQs of up to 32767 entries: a few connections only
-	# 200 us of busy-polling unless the caller names its own
+	# the battery busy-polls 200 us before sleeping, to leave the guest's
+	# two vCPUs to cifs.ko and rxe; the bench runs serve's default (10 ms),
+	# what a storage node deploys (docs/bench-results.md, session 28:
+	# 200 us cost the 1 MiB rows and QD 1 reads the worker's wake-ups);
+	# a caller's own --idle-park-us wins
 	local park=(--idle-park-us 200)
+	[ "$MODE" = --bench ] && park=()
 	[[ " $* " == *" --idle-park-us "* ]] && park=()
 	# the worker polls on vCPU 1; vCPU 0 (fio, cifs.ko) makes the store's
 	# large copies while the worker has another transfer in flight, as
