@@ -94,6 +94,22 @@ value_of() { # PAIR SERVER JOB
 # round, and rows for it; BENCH_ALT_BIN=PATH (env) makes that third server
 # another build (e.g. the previous commit's target/release/smbdirectd
 # copied aside), to compare two builds in one boot
+# pair_ratios SERVER BASE JOB: as (SERVER's values), bs (BASE's) and
+# ratios (SERVER / BASE per pair; a pair counts only when both halves
+# measured something)
+pair_ratios() {
+	local p a b
+	as=() bs=() ratios=()
+	for ((p = 1; p <= pairs; p++)); do
+		a=$(value_of "$p" "$1" "$3")
+		b=$(value_of "$p" "$2" "$3")
+		[ -n "$a" ] && as+=("$a")
+		[ -n "$b" ] && bs+=("$b")
+		if [ -n "$a" ] && [ -n "$b" ] && awk -v x="$a" -v y="$b" 'BEGIN { exit !(x > 0 && y > 0) }'; then
+			ratios+=("$(awk -v x="$a" -v y="$b" 'BEGIN { printf "%.3f", x / y }')")
+		fi
+	done
+}
 ours=smbdirectd
 grep -q '^bench: pair=[0-9]* server=smbdirectd-alt ' <<<"$values" && ours="smbdirectd smbdirectd-alt"
 alt=$(sed -n 's/^bench-alt: //p' "$log" | head -n 1)
@@ -102,17 +118,7 @@ for srv in $ours; do
 while read -r _ job metric args; do
 	case $metric in iops) unit=IOPS ;; *) unit=MB/s ;; esac
 	label="fio $job ($unit)"
-	as=() bs=() ratios=()
-	for ((p = 1; p <= pairs; p++)); do
-		a=$(value_of "$p" "$srv" "$job")
-		b=$(value_of "$p" ksmbd "$job")
-		[ -n "$a" ] && as+=("$a")
-		[ -n "$b" ] && bs+=("$b")
-		# a pair counts only when both halves measured something
-		if [ -n "$a" ] && [ -n "$b" ] && awk -v x="$a" -v y="$b" 'BEGIN { exit !(x > 0 && y > 0) }'; then
-			ratios+=("$(awk -v x="$a" -v y="$b" 'BEGIN { printf "%.3f", x / y }')")
-		fi
-	done
+	pair_ratios "$srv" ksmbd "$job"
 	ma=$(printf '%s\n' "${as[@]}" | grep . | median)
 	mb=$(printf '%s\n' "${bs[@]}" | grep . | median)
 	if [ ${#ratios[@]} -eq 0 ]; then
@@ -135,23 +141,10 @@ while read -r _ job metric args; do
 	grep -q "server=rxe-ceiling job=$job " <<<"$values" || continue
 	case $metric in read_mbs) tool="ib_write_bw -t" ;; *) tool="ib_read_bw -o" ;; esac
 	qd=$(sed -n 's/.*--iodepth=\([0-9]*\).*/\1/p' <<<"$args")
-	cs=()
-	for ((p = 1; p <= pairs; p++)); do
-		c=$(value_of "$p" rxe-ceiling "$job")
-		[ -n "$c" ] && cs+=("$c")
-	done
-	mc=$(printf '%s\n' "${cs[@]}" | grep . | median)
 	for srv in $ours ksmbd; do
-		as=() ratios=()
-		for ((p = 1; p <= pairs; p++)); do
-			a=$(value_of "$p" "$srv" "$job")
-			c=$(value_of "$p" rxe-ceiling "$job")
-			[ -n "$a" ] && as+=("$a")
-			if [ -n "$a" ] && [ -n "$c" ] && awk -v x="$a" -v y="$c" 'BEGIN { exit !(x > 0 && y > 0) }'; then
-				ratios+=("$(awk -v x="$a" -v y="$c" 'BEGIN { printf "%.3f", x / y }')")
-			fi
-		done
+		pair_ratios "$srv" rxe-ceiling "$job"
 		ma=$(printf '%s\n' "${as[@]}" | grep . | median)
+		mc=$(printf '%s\n' "${bs[@]}" | grep . | median)
 		mr=nan
 		[ ${#ratios[@]} -gt 0 ] && mr=$(printf '%.3f' "$(printf '%s\n' "${ratios[@]}" | median)")
 		echo "| cifs.ko -o rdma (rxe guest), fio $job (MB/s): $srv vs rxe's one-queue-pair ceiling | $srv, fio \`$args\` | $ma | perftest \`$tool $qd -s 1048576\` on rxe0, same rounds | $mc | $mr | - | - | ${ratios[*]:-none}$note |"
