@@ -143,6 +143,7 @@
 //! stopped by a debugger).
 
 mod conn;
+mod copy;
 mod cq;
 mod grant;
 mod qp;

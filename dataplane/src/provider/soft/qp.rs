@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::conn::{gate_enter, gate_leave, BreakInfo, BreakReason, Endpoint};
+use super::copy::gather;
 use super::grant::{Refusal, RevokeOutcome};
 use super::ring::PostedRecv;
 use super::rng::XorShift;
@@ -378,21 +379,6 @@ impl SoftQp {
             }
         }
         self.free_grants.pop_front()
-    }
-}
-
-/// Copies the bytes of `sges`, in order, to `dst`.
-///
-/// # Safety
-/// Every SGE must be readable memory of this process and `dst` writable for
-/// their total length. Overlap is allowed (it is a caller bug, not UB).
-#[inline]
-unsafe fn gather(sges: &[Sge], dst: *mut u8) {
-    let mut off = 0usize;
-    for s in sges {
-        // SAFETY: per the function contract.
-        unsafe { ptr::copy(s.addr as *const u8, dst.add(off), s.len as usize) };
-        off += s.len as usize;
     }
 }
 
