@@ -27,6 +27,14 @@
 //! Handing the whole lines to `memcpy` instead (aligned destination, a
 //! multiple of the line) kept most of the cost: the line loop is what
 //! gains, up to [`LOOP_MAX`].
+//!
+//! Then the message's first line, the one the peer reads first (its
+//! header), is demoted ([`demote`]) to the shared cache, as a NIC's DMA
+//! lands in the last-level cache. `send` 512 B p50, 6 alternated pairs:
+//! 0.95-1.11 µs against 1.08-1.21 without it; `raw-send`, whose client
+//! reads nothing it receives, unchanged (0.65-0.68 against 0.63-0.69).
+//! Demoting every line of the message gained about half as much: the
+//! peer reads the header first, and the rest only when it needs it.
 
 use crate::provider::Sge;
 use std::ptr;
@@ -55,26 +63,52 @@ pub(super) unsafe fn gather(sges: &[Sge], dst: *mut u8) {
             unsafe { ptr::copy(s.addr as *const u8, dst.add(off), s.len as usize) };
             off += s.len as usize;
         }
-        return;
+    } else {
+        let mut w = LineWriter::new(dst);
+        for s in sges {
+            // SAFETY: per the function contract (and no overlap, checked).
+            unsafe { w.push(s.addr as *const u8, s.len as usize) };
+        }
+        // SAFETY: as above.
+        unsafe { w.finish() };
     }
-    let mut w = LineWriter::new(dst);
-    for s in sges {
-        // SAFETY: per the function contract (and no overlap, checked).
-        unsafe { w.push(s.addr as *const u8, s.len as usize) };
+    if total > 0 {
+        // The line the peer reads first (an SMB Direct or SMB2 header).
+        demote(dst);
     }
-    // SAFETY: as above.
-    unsafe { w.finish() };
+}
+
+/// Hints that the line at `p`, just written, go from this core's private
+/// caches to the shared one (x86 `CLDEMOTE`), where the peer's core, which
+/// reads it next, finds it sooner than in ours. A hint: it changes no
+/// memory, and processors without it execute it as a NOP (its encoding is
+/// in the reserved-NOP space); a no-op on other architectures.
+#[inline]
+fn demote(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: CLDEMOTE reads and writes no memory and no register; an
+    // address that is not mapped is ignored like any hint's.
+    unsafe {
+        core::arch::asm!("cldemote [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Copies `n` bytes (a multiple of [`LINE`]) to a line-aligned `dst`.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` bytes, the two disjoint.
 #[inline]
 unsafe fn copy_lines(src: *const u8, dst: *mut u8, n: usize) {
     if n > LOOP_MAX {
+        // SAFETY: per the contract.
         unsafe { ptr::copy_nonoverlapping(src, dst, n) };
         return;
     }
     let mut k = 0;
     while k < n {
+        // SAFETY: `k + LINE <= n` (`n` is a multiple of LINE).
         unsafe { ptr::copy_nonoverlapping(src.add(k), dst.add(k), LINE) };
         k += LINE;
     }
