@@ -1312,16 +1312,14 @@ fn settle<Q: crate::provider::QueuePair>(
     match r {
         Ok(()) => {
             // A reply in place (the message's own receive buffer) carries
-            // its header over the request's where the provider says the
-            // device wrote that buffer (QueuePair::
-            // reply_header_in_receive_buffer: verbs); with the soft
-            // provider it keeps the general path (header in a send
-            // buffer): the peer's core wrote the buffer, and writing the
-            // header into it costs this core the line's ownership back,
-            // about what the send buffer saves (same-run alternation:
-            // docs/bench-results.md, "SMB Direct send path"). A reply built
-            // here (`Replies::reply`, a local buffer) and the client's
-            // messages go in place.
+            // its header over the request's where the provider says that
+            // is cheaper than a send buffer (QueuePair::
+            // reply_header_in_receive_buffer: verbs, whose device wrote
+            // the buffer, and the soft provider, whose copy leaves the
+            // header's line where taking it back costs little); otherwise
+            // it keeps the general path (header in a send buffer). A reply
+            // built here (`Replies::reply`, a local buffer) and the
+            // client's messages go in place.
             let header_in_place = ep.qp().reply_header_in_receive_buffer();
             for q in queued {
                 // The bytes before a reply are its own (QueuedReply).

@@ -351,11 +351,12 @@ pub trait QueuePair: Send {
     /// instead of the header in a send buffer and the payload gathered
     /// (two SGEs). Worth it where the device, not another core, wrote the
     /// receive buffer (a NIC's DMA; Soft-RoCE's kernel copy): the line is
-    /// this core's to write for nothing. The soft provider answers false:
-    /// its receive buffers are written by the peer's core, and taking the
-    /// header's line back costs about what the send buffer saves
-    /// (docs/bench-results.md, "SMB Direct send path"). On the wire nothing
-    /// differs.
+    /// this core's to write for nothing. The soft provider's receive
+    /// buffers are written by the peer's core, and until its copy wrote
+    /// whole lines and demoted the first one, taking the header's line
+    /// back cost about what the send buffer saved (docs/bench-results.md,
+    /// "SMB Direct send path"); now it answers true as well. The default
+    /// is false. On the wire nothing differs.
     fn reply_header_in_receive_buffer(&self) -> bool {
         false
     }
