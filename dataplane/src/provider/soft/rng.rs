@@ -56,6 +56,12 @@ impl XorShift {
         XorShift(splitmix(os_random_u64()) | 1)
     }
 
+    /// A generator that repeats its sequence for the same seed (tests).
+    #[cfg(test)]
+    pub(crate) fn seeded(seed: u64) -> Self {
+        XorShift(splitmix(seed) | 1)
+    }
+
     /// Next 64 random bits.
     #[inline]
     pub(crate) fn next_u64(&mut self) -> u64 {
