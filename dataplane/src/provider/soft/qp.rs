@@ -398,13 +398,14 @@ unsafe fn scatter(src: *const u8, sges: &[Sge]) {
 
 impl QueuePair for SoftQp {
     /// Yes since the gather writes whole lines and demotes the first
-    /// ([`copy`]): the header's line, which the peer's core wrote, is taken
+    /// (`copy.rs`): the header's line, which the peer's core wrote, is taken
     /// back for less than a send buffer costs (`send` 512 B p50, 6
     /// alternated pairs: 0.93-0.98 µs against 0.97-1.06 with the header in
     /// a send buffer).
     fn reply_header_in_receive_buffer(&self) -> bool {
         true
     }
+
     fn id(&self) -> QpId {
         self.ep.id
     }
