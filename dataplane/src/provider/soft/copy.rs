@@ -40,7 +40,7 @@ use crate::provider::Sge;
 use std::ptr;
 
 /// The cache line the copy is shaped around (x86-64 and most AArch64).
-pub(super) const LINE: usize = 64;
+const LINE: usize = 64;
 
 /// Copies the bytes of `sges`, in order, to `dst`.
 ///
@@ -197,6 +197,9 @@ impl LineWriter {
         let lo = self.lo;
         // SAFETY: per the contract; `lo < LINE`.
         unsafe {
+            // The common case as a copy of constant length: the compiler
+            // emits the line's stores straight, where the general branch
+            // below would call `memcpy` (the copy this module avoids).
             if lo == 0 {
                 ptr::copy_nonoverlapping(self.stage.0.as_ptr(), base as *mut u8, LINE);
             } else {
