@@ -530,16 +530,39 @@ pub fn busy_share(busy: u64, idle: u64) -> Option<f64> {
     (all > 0).then(|| busy as f64 / all as f64)
 }
 
+/// Idle iterations a [`BusyMeter`] lets pass between two reads of the TSC.
+const METER_IDLE_RUN: u32 = 16;
+
 /// A loop's busy and idle [`cycles`], published as two running sums (one
 /// writer: the loop's thread; readers load them): the worker's poll loop
 /// ([`crate::planes::WorkerStats::busy_cycles`]) and the bench's client
-/// loop. Each call to [`BusyMeter::charge`] charges the cycles since the
-/// previous one to busy or idle.
+/// loop. Each call to [`BusyMeter::charge`] ends one iteration of the loop,
+/// which found work or did not.
+///
+/// The TSC is read after every iteration that worked, but only once per
+/// [`METER_IDLE_RUN`] idle ones, as the loops read their clock. A spinning
+/// loop that reads it on every empty poll costs a poll a few nanoseconds
+/// on hardware, and far more in a TCG guest: QEMU serves each guest
+/// `rdtsc` under one global lock, so a vCPU polling with `rdtsc` slows
+/// every TSC read of the other vCPUs, the kernel's on each system call
+/// included (docs/bench-results.md, session 30: in the rxe guest a vCPU
+/// spinning on `rdtsc` made another's `getppid` loop 2.2 times slower and
+/// its own `rdtsc` 8 times). A span read after
+/// a worked iteration holds that iteration and the idle ones before it;
+/// the idle ones are charged at the cost per idle iteration that the last
+/// runs of idle iterations read alone measured (a running average: empty
+/// polls cost about the same each), the rest to busy.
 #[derive(Debug)]
 pub struct BusyMeter {
     busy: u64,
     idle: u64,
     last: u64,
+    /// Idle iterations since `last` was read.
+    idle_run: u32,
+    /// Cycles per idle iteration (0: not measured yet).
+    idle_cost: u64,
+    /// The current idle run holds a wait ([`BusyMeter::waited`]).
+    waited: bool,
 }
 
 impl BusyMeter {
@@ -549,24 +572,60 @@ impl BusyMeter {
             busy: 0,
             idle: 0,
             last: cycles(),
+            idle_run: 0,
+            idle_cost: 0,
+            waited: false,
         }
     }
 
-    /// Charges the cycles since the last call (or [`BusyMeter::new`]) to
-    /// busy when `worked`, else to idle, and stores that sum in `busy` or
-    /// `idle` (a relaxed store: these have no other writer).
+    /// Ends an iteration that found work (`worked`) or did not, and stores
+    /// the sums it changed in `busy` and `idle` (relaxed stores: these have
+    /// no other writer). An idle iteration is counted, and the TSC read
+    /// only when it ends a run of [`METER_IDLE_RUN`] or a wait.
     #[inline]
     pub fn charge(&mut self, worked: bool, busy: &AtomicU64, idle: &AtomicU64) {
+        if !worked {
+            self.idle_run += 1;
+            if self.idle_run < METER_IDLE_RUN && !self.waited {
+                return;
+            }
+            let c = cycles();
+            let spent = c.wrapping_sub(self.last);
+            if !self.waited {
+                let per = spent / u64::from(self.idle_run);
+                self.idle_cost = match self.idle_cost {
+                    0 => per,
+                    old => old - old / 8 + per / 8,
+                };
+            }
+            self.last = c;
+            self.idle_run = 0;
+            self.waited = false;
+            self.idle = self.idle.wrapping_add(spent);
+            idle.store(self.idle, Ordering::Relaxed);
+            return;
+        }
         let c = cycles();
         let spent = c.wrapping_sub(self.last);
         self.last = c;
-        if worked {
-            self.busy = self.busy.wrapping_add(spent);
-            busy.store(self.busy, Ordering::Relaxed);
-        } else {
-            self.idle = self.idle.wrapping_add(spent);
+        let before = u64::from(self.idle_run)
+            .saturating_mul(self.idle_cost)
+            .min(spent);
+        self.idle_run = 0;
+        if before > 0 {
+            self.idle = self.idle.wrapping_add(before);
             idle.store(self.idle, Ordering::Relaxed);
         }
+        self.busy = self.busy.wrapping_add(spent - before);
+        busy.store(self.busy, Ordering::Relaxed);
+    }
+
+    /// The iteration about to be charged idle waited (slept or napped): the
+    /// TSC is read when it is charged and the whole span goes to idle,
+    /// without teaching the meter what an idle iteration costs.
+    #[inline]
+    pub fn waited(&mut self) {
+        self.waited = true;
     }
 }
 
@@ -662,8 +721,9 @@ mod tests {
         let b1 = busy.load(Ordering::Relaxed);
         assert_eq!(idle.load(Ordering::Relaxed), 0);
         std::thread::sleep(Duration::from_millis(2));
+        m.waited();
         m.charge(false, &busy, &idle);
-        // The 2 ms asleep went to idle; busy kept its sum.
+        // The 2 ms asleep went to idle at once; busy kept its sum.
         assert_eq!(busy.load(Ordering::Relaxed), b1);
         let i1 = idle.load(Ordering::Relaxed);
         assert!(i1 > 0);
@@ -677,6 +737,49 @@ mod tests {
         );
         assert_eq!(busy_share(0, 0), None);
         assert_eq!(busy_share(3, 1), Some(0.75));
+    }
+
+    #[test]
+    fn a_busy_meter_reads_once_per_idle_run_and_splits_a_mixed_span() {
+        let (busy, idle) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut m = BusyMeter::new();
+        // Idle iterations publish nothing until a run of METER_IDLE_RUN
+        // ends: the TSC was not read for them.
+        for _ in 1..METER_IDLE_RUN {
+            m.charge(false, &busy, &idle);
+        }
+        assert_eq!(idle.load(Ordering::Relaxed), 0);
+        m.charge(false, &busy, &idle);
+        let i1 = idle.load(Ordering::Relaxed);
+        assert!(i1 > 0, "a whole idle run is read and charged");
+        assert_eq!(busy.load(Ordering::Relaxed), 0);
+        // A few idle iterations, then one that works for 2 ms: the span
+        // read after it holds both; the idle ones are charged at the
+        // measured cost of an idle iteration (tiny), the rest to busy.
+        for _ in 0..3 {
+            m.charge(false, &busy, &idle);
+        }
+        assert_eq!(idle.load(Ordering::Relaxed), i1);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(2) {
+            std::hint::spin_loop();
+        }
+        m.charge(true, &busy, &idle);
+        let (b, i2) = (busy.load(Ordering::Relaxed), idle.load(Ordering::Relaxed));
+        assert!(i2 >= i1);
+        assert!(
+            b > 2 * (i2 - i1),
+            "2 ms of work against three empty iterations: busy {b}, idle part {}",
+            i2 - i1
+        );
+        // Without a measured idle cost (a fresh meter), a mixed span is
+        // all busy.
+        let (busy2, idle2) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut m2 = BusyMeter::new();
+        m2.charge(false, &busy2, &idle2);
+        m2.charge(true, &busy2, &idle2);
+        assert_eq!(idle2.load(Ordering::Relaxed), 0);
+        assert!(busy2.load(Ordering::Relaxed) > 0);
     }
 
     #[test]

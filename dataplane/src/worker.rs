@@ -549,6 +549,7 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     Some(_) if !armed => armed = true,
                     Some(fd) => {
                         self.sleep(fd);
+                        meter.waited();
                         self.cq.disarm();
                         WorkerStats::add(&self.stats.idle_sleeps, 1);
                         // Arm (a no-op if still armed) and look once more
@@ -559,13 +560,15 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                     None => {
                         armed = false;
                         std::thread::sleep(IDLE_NAP);
+                        meter.waited();
                         worked = true; // the nap was long: read the clock again
                     }
                 }
             } else {
                 std::hint::spin_loop();
             }
-            // The iteration, with its pause or sleep, was busy or idle.
+            // The iteration, with its pause or sleep, was busy or idle (the
+            // meter reads the TSC after work, a wait, or a run of idle ones).
             meter.charge(work, &self.stats.busy_cycles, &self.stats.idle_cycles);
         }
         // Take back the receive buffers lent to the control plane.
