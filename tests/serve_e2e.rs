@@ -555,6 +555,45 @@ fn serve_over_verbs_idle_worker_sleeps_and_wakes_for_timers_and_messages() {
     terminate(d);
 }
 
+/// `serve --provider verbs` at the default admission limit and credits
+/// (256 connections of 257 receives and 148 sends: 103,680 completion
+/// entries on one worker) on a device whose completion queues hold fewer
+/// (rdma_rxe: 32,767): the server starts with the limit lowered to what a
+/// queue holds, says so in one line, and serves. On a device with room,
+/// nothing is lowered or said.
+#[test]
+fn serve_over_verbs_lowers_max_connections_to_what_the_device_cq_holds() {
+    let _serial = serial();
+    let Some((d, listen)) = spawn_verbs(&[
+        "--max-connections",
+        "256",
+        "--receive-credit-max",
+        "255",
+        "--send-credit-target",
+        "255",
+    ]) else {
+        return;
+    };
+    let (provider, _pool, mut c) = verbs_client(&listen);
+    c.send(b"admitted").unwrap();
+    assert!(
+        c.recv_with(Duration::from_secs(60), |m| m == b"admitted")
+            .unwrap(),
+        "echo over the lowered server differs"
+    );
+    let max_cqe = provider.max_cq_entries();
+    let err = d.stderr.lock().unwrap().clone();
+    let lowered: Vec<&str> = err.lines().filter(|l| l.contains("lowered to")).collect();
+    if max_cqe / 405 < 256 {
+        assert_eq!(lowered.len(), 1, "expected one line saying so:\n{err}");
+        let want = format!("--max-connections 256 lowered to {}", max_cqe / 405);
+        assert!(lowered[0].contains(&want), "{}", lowered[0]);
+        eprintln!("{}", lowered[0]);
+    } else {
+        assert!(lowered.is_empty(), "{err}");
+    }
+}
+
 /// The same exchange over real verbs: runs where an RDMA device exists (the
 /// Soft-RoCE guest of `scripts/rxe-tests.sh` in CI, or real hardware), with
 /// `serve --provider verbs` on $RXE_IP (or 127.0.0.1 elsewhere).

@@ -279,7 +279,7 @@ fn register_zero_copy<P: Provider, U: UpperLayer>(
 /// Starts a server on `provider` with one `upper()` per worker.
 pub fn start<P: Provider, U: UpperLayer>(
     provider: Arc<P>,
-    cfg: ServerConfig,
+    mut cfg: ServerConfig,
     upper: impl Fn() -> U,
 ) -> Result<RunningServer, ServerError> {
     cfg.smbd
@@ -313,7 +313,7 @@ pub fn start<P: Provider, U: UpperLayer>(
     let mut listener = provider.listen(cfg.listen).map_err(ServerError::Provider)?;
     let local_addr = listener.local_addr();
     let caps = cfg.qp_caps();
-    let per_worker = cfg.max_connections.div_ceil(nworkers);
+    let per_worker = admitted_per_worker(&mut cfg, nworkers, provider.max_cq_entries())?;
     let cq_entries = (caps.max_recv_wr + caps.max_send_wr) * per_worker as u32;
 
     let capture = match &cfg.capture {
@@ -780,6 +780,46 @@ fn answer(req: &str, stats: &ServerStats, qos: &mut QosEngine) -> String {
 /// connections (`held`: attached or on their way, until their close is
 /// reported) among those with a free slot; `None` when every worker holds
 /// `per_worker`.
+/// Connections each worker admits: `--max-connections` spread over the
+/// workers, as many as one completion queue of `max_cqe` entries can serve
+/// (each connection's queue pair needs `max_recv_wr + max_send_wr` of them).
+/// Where the device's limit is lower (rdma_rxe allows 32,767 entries: 80
+/// connections of the default queues a worker, against the default 256),
+/// the admission limit is lowered to what the workers can take and said so
+/// once, rather than the server refusing to start; a connection beyond it
+/// is refused at admission like any over `--max-connections`.
+fn admitted_per_worker(
+    cfg: &mut ServerConfig,
+    nworkers: usize,
+    max_cqe: u32,
+) -> Result<usize, ServerError> {
+    let caps = cfg.qp_caps();
+    let per_connection = caps.max_recv_wr + caps.max_send_wr;
+    let wanted = cfg.max_connections.div_ceil(nworkers);
+    let fit = (max_cqe / per_connection) as usize;
+    if fit == 0 {
+        return Err(ServerError::Config(format!(
+            "a connection's queue pair needs {per_connection} completion queue entries \
+             (--receive-credit-max {} + 2 receives, {} sends), the device allows {max_cqe}: \
+             lower --receive-credit-max or --queue-depth",
+            cfg.smbd.receive_credit_max, caps.max_send_wr
+        )));
+    }
+    if wanted <= fit {
+        return Ok(wanted);
+    }
+    let admitted = fit * nworkers;
+    crate::warn!(
+        "--max-connections {} lowered to {admitted}: the device's completion queues hold at most \
+         {max_cqe} entries, {fit} connections a worker at {per_connection} entries each \
+         ({nworkers} worker(s)); more worker cores, or a lower --receive-credit-max or \
+         --queue-depth, admit more",
+        cfg.max_connections
+    );
+    cfg.max_connections = admitted;
+    Ok(fit)
+}
+
 fn pick_worker(held: &[usize], per_worker: usize) -> Option<usize> {
     (0..held.len())
         .filter(|&i| held[i] < per_worker)
@@ -908,7 +948,49 @@ fn service_workers<P: Provider>(
 
 #[cfg(test)]
 mod tests {
-    use super::pick_worker;
+    use super::{admitted_per_worker, pick_worker, ServerConfig, ServerError};
+
+    #[test]
+    fn admission_is_lowered_to_what_the_device_completion_queues_hold() {
+        let mut cfg = ServerConfig {
+            max_connections: 256,
+            ..ServerConfig::default()
+        };
+        // The default credits and queue depth: 257 receives + 148 sends.
+        let caps = cfg.qp_caps();
+        assert_eq!(caps.max_recv_wr + caps.max_send_wr, 405);
+        // No device limit (the soft provider), or a large one: as asked.
+        assert_eq!(admitted_per_worker(&mut cfg, 1, u32::MAX).unwrap(), 256);
+        assert_eq!(admitted_per_worker(&mut cfg, 2, 4_194_303).unwrap(), 128);
+        assert_eq!(cfg.max_connections, 256);
+        // rdma_rxe's 32,767 entries: 80 connections a worker.
+        assert_eq!(admitted_per_worker(&mut cfg, 2, 32_767).unwrap(), 80);
+        assert_eq!(cfg.max_connections, 160);
+        let mut one = ServerConfig {
+            max_connections: 256,
+            ..ServerConfig::default()
+        };
+        assert_eq!(admitted_per_worker(&mut one, 1, 32_767).unwrap(), 80);
+        assert_eq!(one.max_connections, 80);
+        // Exactly enough: nothing lowered.
+        let mut exact = ServerConfig {
+            max_connections: 80,
+            ..ServerConfig::default()
+        };
+        assert_eq!(admitted_per_worker(&mut exact, 1, 80 * 405).unwrap(), 80);
+        assert_eq!(exact.max_connections, 80);
+        // Not even one connection's queues fit: a configuration error that
+        // names the flags to lower.
+        match admitted_per_worker(&mut exact, 1, 404) {
+            Err(ServerError::Config(m)) => {
+                assert!(
+                    m.contains("405") && m.contains("--receive-credit-max"),
+                    "{m}"
+                )
+            }
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
 
     #[test]
     fn a_new_connection_goes_to_the_least_loaded_worker_with_a_free_slot() {

@@ -518,6 +518,13 @@ pub trait Provider: Send + Sync + 'static {
     /// Creates a completion queue with room for `entries` completions.
     fn create_cq(&self, entries: u32) -> Result<Self::Cq, ProviderError>;
 
+    /// The most entries [`Provider::create_cq`] accepts: the device's
+    /// `max_cqe` on verbs (32,767 on rdma_rxe); the soft provider sets no
+    /// limit of its own.
+    fn max_cq_entries(&self) -> u32 {
+        u32::MAX
+    }
+
     /// Listens on `addr`.
     fn listen(&self, addr: SocketAddr) -> Result<Self::Listener, ProviderError>;
 

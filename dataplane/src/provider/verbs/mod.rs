@@ -254,6 +254,10 @@ impl Provider for VerbsProvider {
         VerbsCq::new(&self.device, entries)
     }
 
+    fn max_cq_entries(&self) -> u32 {
+        self.device.limits().max_cqe
+    }
+
     fn listen(&self, addr: SocketAddr) -> Result<VerbsListener, ProviderError> {
         VerbsListener::new(&self.device, addr)
     }
