@@ -776,10 +776,6 @@ fn answer(req: &str, stats: &ServerStats, qos: &mut QosEngine) -> String {
     }
 }
 
-/// The worker a new connection goes to: the one holding the fewest
-/// connections (`held`: attached or on their way, until their close is
-/// reported) among those with a free slot; `None` when every worker holds
-/// `per_worker`.
 /// Connections each worker admits: `--max-connections` spread over the
 /// workers, as many as one completion queue of `max_cqe` entries can serve
 /// (each connection's queue pair needs `max_recv_wr + max_send_wr` of them).
@@ -820,6 +816,10 @@ fn admitted_per_worker(
     Ok(fit)
 }
 
+/// The worker a new connection goes to: the one holding the fewest
+/// connections (`held`: attached or on their way, until their close is
+/// reported) among those with a free slot; `None` when every worker holds
+/// `per_worker`.
 fn pick_worker(held: &[usize], per_worker: usize) -> Option<usize> {
     (0..held.len())
         .filter(|&i| held[i] < per_worker)

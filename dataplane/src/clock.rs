@@ -544,14 +544,14 @@ const METER_IDLE_RUN: u32 = 16;
 /// loop that reads it on every empty poll costs a poll a few nanoseconds
 /// on hardware, and far more in a TCG guest: QEMU serves each guest
 /// `rdtsc` under one global lock, so a vCPU polling with `rdtsc` slows
-/// every TSC read of the other vCPUs, the kernel's on each system call
-/// included (docs/bench-results.md, session 30: in the rxe guest a vCPU
-/// spinning on `rdtsc` made another's `getppid` loop 2.2 times slower and
-/// its own `rdtsc` 8 times). A span read after
-/// a worked iteration holds that iteration and the idle ones before it;
-/// the idle ones are charged at the cost per idle iteration that the last
-/// runs of idle iterations read alone measured (a running average: empty
-/// polls cost about the same each), the rest to busy.
+/// the other vCPUs' TSC reads, and their system calls with them
+/// (docs/bench-results.md, session 30: in the rxe guest a vCPU spinning on
+/// `rdtsc` made another's `getppid` loop 2.2 times slower and its `rdtsc`
+/// 8 times). A span read after a worked iteration holds that iteration and
+/// the idle ones before it; the idle ones are charged at the cost per idle
+/// iteration that the last runs of idle iterations read alone measured (a
+/// running average: empty polls cost about the same each), the rest to
+/// busy.
 #[derive(Debug)]
 pub struct BusyMeter {
     busy: u64,
