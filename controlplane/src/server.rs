@@ -443,6 +443,7 @@ pub fn start<P: Provider, U: UpperLayer>(
                     listener: &mut listener,
                     sides,
                     cfg: &cfg,
+                    per_worker,
                     stats: &stats,
                     admin,
                     shutdown: &shutdown,
@@ -487,6 +488,8 @@ struct ControlPlane<'a, P: Provider> {
     listener: &'a mut P::Listener,
     sides: Vec<WorkerSide<P>>,
     cfg: &'a ServerConfig,
+    /// Connections each worker admits ([`admitted_per_worker`]).
+    per_worker: usize,
     stats: &'a Arc<ServerStats>,
     admin: Option<AdminSocket>,
     shutdown: &'a AtomicBool,
@@ -509,6 +512,7 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
         listener,
         mut sides,
         cfg,
+        per_worker,
         stats,
         admin,
         shutdown,
@@ -524,7 +528,6 @@ fn control_loop<P: Provider>(cp: ControlPlane<'_, P>) {
     // so a worker is never sent more than its slots. Exact, unlike the
     // worker's live count plus a guess at what is still in its ring.
     let mut held = vec![0usize; sides.len()];
-    let per_worker = cfg.max_connections.div_ceil(sides.len().max(1));
     let mut next_id = 1u64;
     let mut last_line = clock::now();
     let mut prev = stats.totals();
