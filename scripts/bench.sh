@@ -16,6 +16,10 @@
 # Rows (soft provider, --loopback, one server worker):
 #   1. SMB Direct `send` 512 B vs `raw-send` 512 B (the bare provider,
 #      same cores, same runner): target p50 ratio <= 1.15.
+#      Beside it, where that target sits: `raw-smbd` (raw-send with the
+#      24-byte SMB Direct header each end must read and check, [MS-SMBD]
+#      3.1.5.5, and nothing else of a protocol) vs `raw-send`, and `send`
+#      vs `raw-smbd` (no targets).
 #   2. `raw-send` 64 B (a soft-provider Send/Recv round trip) vs
 #      `pingpong` (two threads bouncing one cache line on the same two
 #      cores): target p50 ratio <= 3.
@@ -401,6 +405,13 @@ pages_note="pools on 2 MiB hugepages ($(huge_free_mib) MiB free at start)"
 
 pair "SMBD send vs raw provider, 512 B, p50 round trip (us)" p50 "<=" 1.15 \
 	"--workload send --size 512" "--workload raw-send --size 512"
+# Where row 1's target sits: the floor any SMB Direct has here (raw-smbd:
+# the header [MS-SMBD] 3.1.5.5 has each end read and check, nothing else),
+# against raw-send, and smbdirectd's whole protocol against that floor.
+pair "floor: raw provider with the SMB Direct header read (raw-smbd) vs raw provider, 512 B, p50 round trip (us)" p50 "<=" - \
+	"--workload raw-smbd --size 512" "--workload raw-send --size 512"
+pair "SMBD send vs that floor (raw-smbd), 512 B, p50 round trip (us)" p50 "<=" - \
+	"--workload send --size 512" "--workload raw-smbd --size 512"
 pair "soft Send/Recv vs cache-line ping-pong, p50 round trip (us)" p50 "<=" 3 \
 	"--workload raw-send --size 64" "--workload pingpong"
 small="--size 4K --file-size 16M"

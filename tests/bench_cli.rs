@@ -105,7 +105,7 @@ fn check_outputs(dir: &Path, workload: &str, size: u64) {
     // for raw-send's bare echo thread.
     let client_busy = number(&json, "client_busy_pct");
     assert!(client_busy > 0.0 && client_busy <= 100.0, "{json}");
-    if workload == "raw-send" {
+    if workload.starts_with("raw-") {
         assert!(json.contains("\"server_busy_pct\": null"), "{json}");
     } else {
         let server_busy = number(&json, "server_busy_pct");
@@ -273,7 +273,7 @@ fn counted_run(
 #[test]
 fn iterations_measure_exactly_that_many_operations() {
     let _g = common::serial();
-    for (workload, extra) in [("send", "3"), ("raw-send", "1")] {
+    for (workload, extra) in [("send", "3"), ("raw-send", "1"), ("raw-smbd", "2")] {
         let args = [
             "--workload",
             workload,
@@ -304,6 +304,29 @@ fn unverified_echoes_are_matched_to_their_operations() {
     let (_, json) = counted_run("stamp-send", &args, 2000, "0.1", false);
     assert!(json.contains("\"verify\": false"), "{json}");
     assert_eq!(number(&json, "errors"), 0.0, "{json}");
+}
+
+/// `raw-smbd` (the floor under `send`): without `--verify` each echo must
+/// still carry the echo's own SMB Direct header and the operation's stamp,
+/// at a queue depth over two connections and at sizes around a cache line.
+#[test]
+fn raw_smbd_echoes_carry_their_header_and_stamp() {
+    let _g = common::serial();
+    for size in ["1", "40", "512", "1340"] {
+        let args = [
+            "--workload",
+            "raw-smbd",
+            "--size",
+            size,
+            "--queue-depth",
+            "4",
+            "--connections",
+            "2",
+        ];
+        let (_, json) = counted_run(&format!("raw-smbd-{size}"), &args, 2000, "0.1", false);
+        assert!(json.contains("\"workload\": \"raw-smbd\""), "{json}");
+        assert_eq!(number(&json, "errors"), 0.0, "{size}: {json}");
+    }
 }
 
 #[test]

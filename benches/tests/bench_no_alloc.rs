@@ -166,6 +166,11 @@ fn raw_send_allocates_nothing_per_operation_on_either_side() {
 }
 
 #[test]
+fn raw_smbd_allocates_nothing_per_operation_on_either_side() {
+    assert_no_allocation_per_operation("raw-smbd");
+}
+
+#[test]
 fn read_and_write_allocate_nothing_per_operation_on_either_side() {
     for w in ["read", "write"] {
         assert_no_allocation_per_operation_with(w, &["--size", "4096", "--file-size", "1M"]);

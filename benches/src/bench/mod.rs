@@ -241,20 +241,24 @@ fn run_on<P: Provider>(
             rep.max_send_size = w.negotiated_max_send_size();
             return Ok(rep);
         }
-        WorkloadKind::RawSend => {
+        WorkloadKind::RawSend | WorkloadKind::RawSmbd => {
             let Target::Loopback(listen) = opts.target else {
-                return Err(BenchError::Usage(
-                    "--workload raw-send needs --loopback (its peer is a thread of this process)"
-                        .into(),
-                ));
+                return Err(BenchError::Usage(format!(
+                    "--workload {} needs --loopback (its peer is a thread of this process)",
+                    opts.workload.name()
+                )));
             };
+            let header = opts.workload == WorkloadKind::RawSmbd;
             let echo = raw_send::RawEchoServer::start(
                 provider.clone(),
                 listen,
                 opts.server_cores.first().copied().flatten(),
                 opts.connections,
                 opts.queue_depth,
-                opts.size,
+                raw_send::Messages {
+                    size: opts.size,
+                    header,
+                },
                 retained,
             )?;
             let w = raw_send::RawSendWorkload::new(
@@ -263,6 +267,7 @@ fn run_on<P: Provider>(
                 opts.size,
                 opts.queue_depth,
                 opts.verify,
+                header,
                 retained,
             );
             let r = runner::run(&w, &plan, &mut progress);

@@ -46,6 +46,14 @@ pub enum WorkloadKind {
     /// The same round trip over the bare provider, without SMB Direct (the
     /// baseline; --loopback only: the echo peer is a thread of this process).
     RawSend,
+    /// `raw-send` with what [MS-SMBD] requires of every message and no
+    /// more: a 24-byte Data Transfer header (2.2.3) before the payload that
+    /// the receiving end reads and checks (3.1.5.5), and the echo's reply
+    /// header written over the request's (one Send from the receive buffer,
+    /// as smbdirectd's echo does). No credits, receive policy or upper
+    /// layer: the floor under any SMB Direct `send` on the provider
+    /// (--loopback only).
+    RawSmbd,
     /// SMB2 READ of --size through an RDMA channel (or --inline) against
     /// an `--upper smb2` server, on a file of --file-size.
     Read,
@@ -75,6 +83,7 @@ impl WorkloadKind {
         match self {
             WorkloadKind::Send => "send",
             WorkloadKind::RawSend => "raw-send",
+            WorkloadKind::RawSmbd => "raw-smbd",
             WorkloadKind::Read => "read",
             WorkloadKind::Write => "write",
             WorkloadKind::Mixed => "mixed",
@@ -335,7 +344,10 @@ impl BenchOptions {
         if !loopback
             && matches!(
                 a.workload,
-                WorkloadKind::RawSend | WorkloadKind::Pingpong | WorkloadKind::Memcpy
+                WorkloadKind::RawSend
+                    | WorkloadKind::RawSmbd
+                    | WorkloadKind::Pingpong
+                    | WorkloadKind::Memcpy
             )
         {
             return usage(format!(

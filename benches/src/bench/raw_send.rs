@@ -29,6 +29,26 @@
 //!
 //! Loopback only: the peer is a thread of this process (a running `serve`
 //! speaks SMB Direct).
+//!
+//! # `--workload raw-smbd`: the floor under `send`
+//!
+//! The same loop with what [MS-SMBD] asks of every message and nothing
+//! else, to show in the same run how much of `send`'s distance to
+//! `raw-send` any SMB Direct implementation pays on the provider. Each
+//! message carries a 24-byte Data Transfer header (2.2.3) before its
+//! `--size` bytes, and the receiving end reads and checks it as 3.1.5.5
+//! requires (its length, CreditsRequested not zero, the payload inside the
+//! message, no fragments to follow); the client stamps the operation number
+//! behind the header and checks it on the echo, on the header's cache line,
+//! as `send`'s client does; the echo answers with its header written over
+//! the request's and sends the message back from the receive buffer (one
+//! SGE), as smbdirectd's echo does on both providers
+//! (`QueuePair::reply_header_in_receive_buffer`). What it leaves out is the
+//! rest of a protocol stack: credit accounting, receive reposting policy,
+//! reassembly, an upper layer, pools. The client grants 0 credits and the
+//! echo 1, so an echo that did not write its own header fails the client's
+//! check (an error, counted like any other). docs/bench-results.md, session
+//! 29, "The floor under `send`", first measured this shape.
 
 use super::error::BenchError;
 use super::pattern;
@@ -44,6 +64,7 @@ use smbdirect_dataplane::provider::{
 use smbdirect_hugepages::{
     BufLocation, BufferPool, ClassId, HugepagePolicy, PoolConfig, SizeClass, SliceAllocator,
 };
+use smbdirect_protocol::smbd::wire::{DataTransfer, DataTransferRepr};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -52,6 +73,39 @@ use std::time::{Duration, Instant};
 
 /// wr_id bit that marks a receive (its low bits: the receive buffer index).
 const RECV_BIT: u64 = 1 << 63;
+/// The Data Transfer header before the payload ([MS-SMBD] 2.2.3: 20 bytes
+/// and the padding to DataOffset 24) in `raw-smbd`.
+const HEADER: usize = 24;
+/// CreditsGranted of the client's headers and of the echo's (see the module
+/// documentation, `raw-smbd`).
+const CLIENT_GRANTS: u16 = 0;
+const ECHO_GRANTS: u16 = 1;
+
+/// A `raw-smbd` header: CreditsRequested 255, `granted`, one whole message
+/// of `payload` bytes at DataOffset 24.
+fn smbd_header(granted: u16, payload: usize) -> [u8; HEADER] {
+    DataTransferRepr::whole_message_header(255, granted, payload as u32)
+}
+
+/// [MS-SMBD] 3.1.5.5's checks of a received Data Transfer message `msg`
+/// (long enough for the header, CreditsRequested not zero, the payload at
+/// DataOffset inside the message and the whole of it, RemainingDataLength
+/// zero), plus the CreditsGranted the peer writes.
+fn smbd_header_ok(msg: &[u8], granted: u16) -> bool {
+    match DataTransfer::new_checked(msg) {
+        Ok(v) => {
+            v.credits_requested() != 0
+                && v.credits_granted() == granted
+                && v.remaining_data_length() == 0
+                && v.payload_range().is_ok_and(|r| {
+                    msg.len().checked_sub(HEADER) == Some(r.len())
+                        && (r.is_empty() || r.start == HEADER)
+                })
+        }
+        Err(_) => false,
+    }
+}
+
 /// How long connection set-up may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -181,6 +235,16 @@ pub struct RawEchoServer {
     thread: Option<JoinHandle<Result<u64, BenchError>>>,
 }
 
+/// What the messages of a raw run are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Messages {
+    /// Payload bytes (`--size`).
+    pub size: usize,
+    /// `raw-smbd`: an SMB Direct header before the payload (see the module
+    /// documentation).
+    pub header: bool,
+}
+
 impl RawEchoServer {
     /// Listens on `listen` and starts the echo thread.
     pub fn start<P: Provider>(
@@ -189,13 +253,14 @@ impl RawEchoServer {
         core: Option<usize>,
         connections: usize,
         queue_depth: u32,
-        size: usize,
+        messages: Messages,
         retained: &Retained,
     ) -> Result<Self, BenchError> {
         let per_conn = echo_receives(queue_depth);
+        let header = messages.header;
         let bufs = Buffers::new(
             &*provider,
-            size,
+            messages.size + if header { HEADER } else { 0 },
             per_conn * connections as u32,
             retained,
             "raw echo: registered memory",
@@ -216,7 +281,7 @@ impl RawEchoServer {
                     baseline::pin(c);
                 }
                 let _provider = provider;
-                echo::<P>(listener, cq, bufs, connections, per_conn, &stop2)
+                echo::<P>(listener, cq, bufs, connections, per_conn, header, &stop2)
             })
             .map_err(|e| BenchError::failed("raw echo: starting its thread", e))?;
         Ok(RawEchoServer {
@@ -257,6 +322,7 @@ fn echo<P: Provider>(
     bufs: Buffers,
     connections: usize,
     per_conn: u32,
+    header: bool,
     stop: &StopFlag,
 ) -> Result<u64, BenchError> {
     let per_conn = per_conn as usize;
@@ -321,7 +387,21 @@ fn echo<P: Provider>(
             let r = match wc.opcode {
                 WcOpcode::Recv => {
                     marks::mark_at(Point::ServerDetect, detected);
-                    let sges = [bufs.sge(i, wc.byte_len as usize)];
+                    let len = wc.byte_len as usize;
+                    if header {
+                        // SAFETY: the receive completed; nothing uses the
+                        // buffer until the echo below is posted.
+                        let ok = smbd_header_ok(unsafe { bufs.bytes(i, len) }, CLIENT_GRANTS);
+                        if ok {
+                            // SAFETY: as above.
+                            unsafe { bufs.bytes_mut(i, HEADER) }
+                                .copy_from_slice(&smbd_header(ECHO_GRANTS, len - HEADER));
+                        }
+                        // A bad header goes back as it came: the client's
+                        // check of the echo's header then fails the
+                        // operation.
+                    }
+                    let sges = [bufs.sge(i, len)];
                     echoed += 1;
                     let signaled = silent[c] + 1 >= SIGNAL_EVERY;
                     silent[c] = if signaled { 0 } else { silent[c] + 1 };
@@ -387,18 +467,23 @@ pub struct RawSendWorkload<'a, P: Provider> {
     size: usize,
     queue_depth: u32,
     verify: bool,
+    /// `raw-smbd`: each message carries an SMB Direct header (see the
+    /// module documentation).
+    header: bool,
     retained: &'a Retained,
 }
 
 impl<'a, P: Provider> RawSendWorkload<'a, P> {
     /// Round trips of `size` bytes, `queue_depth` outstanding per
-    /// connection, against the echo peer at `addr`.
+    /// connection, against the echo peer at `addr`; with `header`, the
+    /// `raw-smbd` shape (the echo peer started with it too).
     pub fn new(
         provider: Arc<P>,
         addr: SocketAddr,
         size: usize,
         queue_depth: u32,
         verify: bool,
+        header: bool,
         retained: &'a Retained,
     ) -> Self {
         RawSendWorkload {
@@ -407,6 +492,7 @@ impl<'a, P: Provider> RawSendWorkload<'a, P> {
             size,
             queue_depth,
             verify,
+            header,
             retained,
         }
     }
@@ -416,7 +502,11 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
     type Session = RawSession<P>;
 
     fn name(&self) -> &'static str {
-        "raw-send"
+        if self.header {
+            "raw-smbd"
+        } else {
+            "raw-send"
+        }
     }
 
     fn bytes_per_op(&self) -> u64 {
@@ -428,9 +518,10 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
         let nrecv = qd + 1;
         let nsend = send_buffers(self.queue_depth) as usize;
         let what = format!("connection {index}");
+        let head = if self.header { HEADER } else { 0 };
         let bufs = Buffers::new(
             &*self.provider,
-            self.size,
+            head + self.size,
             (nsend + nrecv) as u32,
             self.retained,
             &what,
@@ -456,7 +547,11 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
             .map_err(|e| BenchError::failed(format!("{what}: posting receives"), e))?;
         for b in 0..nsend {
             // SAFETY: no work request uses the send buffers yet.
-            pattern::fill(unsafe { bufs.bytes_mut(b, self.size) }, u64::MAX >> 8);
+            let w = unsafe { bufs.bytes_mut(b, head + self.size) };
+            pattern::fill(&mut w[head..], u64::MAX >> 8);
+            if self.header {
+                w[..HEADER].copy_from_slice(&smbd_header(CLIENT_GRANTS, self.size));
+            }
         }
         Ok(RawSession {
             cq,
@@ -472,6 +567,7 @@ impl<P: Provider> Workload for RawSendWorkload<'_, P> {
             fifo: Fifo::with_capacity(qd),
             wcs: [Completion::EMPTY; 32],
             size: self.size,
+            head,
             verify: self.verify,
             index,
         })
@@ -503,6 +599,8 @@ pub struct RawSession<P: Provider> {
     fifo: Fifo,
     wcs: [Completion; 32],
     size: usize,
+    /// Header bytes before the payload: [`HEADER`] for `raw-smbd`, else 0.
+    head: usize,
     verify: bool,
     index: usize,
 }
@@ -525,12 +623,21 @@ impl<P: Provider> Session for RawSession<P> {
             )));
         }
         let b = (self.posted % self.nsend as u64) as usize;
-        if self.verify {
+        let head = self.head;
+        if self.verify || head > 0 {
             // SAFETY: the buffer's previous Send, `nsend` Sends ago, is
             // retired (checked above).
-            pattern::fill(unsafe { self.bufs.bytes_mut(b, self.size) }, seq);
+            let w = unsafe { self.bufs.bytes_mut(b, head + self.size) };
+            if self.verify {
+                pattern::fill(&mut w[head..], seq);
+            } else {
+                // raw-smbd: the header was written at set-up (the same
+                // every time, as a client's is but for its credit fields);
+                // the stamp behind it, as `send`'s client writes.
+                pattern::stamp(&mut w[head..], seq);
+            }
         }
-        let sges = [self.bufs.sge(b, self.size)];
+        let sges = [self.bufs.sge(b, head + self.size)];
         let signaled = self.silent + 1 >= SIGNAL_EVERY;
         self.silent = if signaled { 0 } else { self.silent + 1 };
         // An unsignaled Send needs no completion: the operation ends with
@@ -579,11 +686,19 @@ impl<P: Provider> Session for RawSession<P> {
                     };
                     let s = slot as usize;
                     let len = wc.byte_len as usize;
-                    // SAFETY: the receive completed: the buffer is ours
-                    // until reposted below.
-                    let ok = len == self.size
-                        && (!self.verify
-                            || pattern::check(unsafe { self.bufs.bytes(i, len) }, seq));
+                    let head = self.head;
+                    let ok = len == head + self.size
+                        && (head == 0 && !self.verify || {
+                            // SAFETY: the receive completed: the buffer is
+                            // ours until reposted below.
+                            let m = unsafe { self.bufs.bytes(i, len) };
+                            (head == 0 || smbd_header_ok(m, ECHO_GRANTS))
+                                && if self.verify {
+                                    pattern::check(&m[head..], seq)
+                                } else {
+                                    pattern::stamped(&m[head..], seq)
+                                }
+                        });
                     self.ok[s] = ok;
                     let r = i - self.nsend;
                     self.qp
@@ -625,5 +740,46 @@ impl<P: Provider> Session for RawSession<P> {
 
     fn close(mut self) {
         self.qp.disconnect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(granted: u16, payload: usize) -> Vec<u8> {
+        let mut m = smbd_header(granted, payload).to_vec();
+        m.resize(HEADER + payload, 0x5a);
+        m
+    }
+
+    #[test]
+    fn raw_smbd_headers_pass_only_as_the_peer_writes_them() {
+        for payload in [0usize, 1, 40, 512, 1340] {
+            let m = message(ECHO_GRANTS, payload);
+            assert!(smbd_header_ok(&m, ECHO_GRANTS), "{payload}");
+            // An echo that sent the client's header back unchanged.
+            assert!(!smbd_header_ok(
+                &message(CLIENT_GRANTS, payload),
+                ECHO_GRANTS
+            ));
+            // Shorter or longer than the header says.
+            assert!(!smbd_header_ok(&m[..m.len() - 1], ECHO_GRANTS) || payload == 0);
+            let mut long = m.clone();
+            long.push(0);
+            assert!(!smbd_header_ok(&long, ECHO_GRANTS), "{payload}");
+        }
+        // [MS-SMBD] 3.1.5.5: CreditsRequested zero, fragments to follow, a
+        // payload inside the header, a message shorter than the header.
+        let mut m = message(ECHO_GRANTS, 100);
+        m[0..2].copy_from_slice(&0u16.to_le_bytes());
+        assert!(!smbd_header_ok(&m, ECHO_GRANTS));
+        let mut m = message(ECHO_GRANTS, 100);
+        m[8..12].copy_from_slice(&7u32.to_le_bytes());
+        assert!(!smbd_header_ok(&m, ECHO_GRANTS));
+        let mut m = message(ECHO_GRANTS, 100);
+        m[12..16].copy_from_slice(&8u32.to_le_bytes());
+        assert!(!smbd_header_ok(&m, ECHO_GRANTS));
+        assert!(!smbd_header_ok(&message(ECHO_GRANTS, 0)[..19], ECHO_GRANTS));
     }
 }
