@@ -69,7 +69,11 @@
 # Sends the response) is compared with ib_write_lat, `write` (the server
 # RDMA-Reads it) with ib_read_lat. Target: send <= 1.1. A last row sends
 # 4 KiB with --max-send-size 4120 (one Send per message, as perftest's;
-# the other rows keep Windows' 1364, four Sends per 4 KiB). Then (unless
+# the other rows keep Windows' 1364, four Sends per 4 KiB). Beside `send`,
+# `raw-smbd` and `raw-send` (no targets) against the same ib_send_lat: the
+# bare verbs loop and runner, and that loop carrying only the SMB Direct
+# header every message needs, so the rows say where send's distance to
+# perftest goes. Then (unless
 # --no-cifs) a second table: the cifs rows of 6., from a second guest boot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -317,7 +321,11 @@ if [ "$in_guest" = 1 ]; then
 	for size in 64 512 4096 4096:4120; do
 		extra=()
 		case $size in *:*) extra=(--max-send-size "${size#*:}") size=${size%%:*} ;; esac
-		specs=("send:ib_send_lat:1.1" "read:ib_write_lat:-" "write:ib_read_lat:-")
+		# raw-send and raw-smbd beside send: how much of send's distance to
+		# ib_send_lat is the bare verbs loop and runner, how much the SMB
+		# Direct header every message needs, and how much smbdirectd's stack.
+		specs=("send:ib_send_lat:1.1" "raw-smbd:ib_send_lat:-" "raw-send:ib_send_lat:-"
+			"read:ib_write_lat:-" "write:ib_read_lat:-")
 		[ ${#extra[@]} -gt 0 ] && specs=("send:ib_send_lat:1.1")
 		for spec in "${specs[@]}"; do
 			IFS=: read -r w tool target <<<"$spec"
