@@ -2,7 +2,7 @@
 # User-space instructions per `send` round trip on Soft-RoCE: ours against
 # perftest's ib_send_lat, counted by callgrind inside the rxe guest.
 #
-#   scripts/profile-rxe.sh [--bin PATH] [--size BYTES] [--reps N] [--top N] [--keep DIR]
+#   scripts/profile-rxe.sh [--bin PATH] [--size BYTES] [--workload send|raw-smbd|raw-send] [--reps N] [--top N] [--keep DIR]
 #   scripts/profile-rxe.sh --from DIR    (the profiles a --keep DIR run kept)
 #
 # Why: in the TCG guest of ../shared/rxe-vm every instruction is emulated,
@@ -14,7 +14,8 @@
 #
 # How: one guest boot (under `flock /tmp/rxe-vm.lock`, like bench.sh) runs
 # `valgrind --tool=callgrind` on
-#   - `smbdirectd bench --provider verbs --loopback --workload send` (client
+#   - `smbdirectd bench --provider verbs --loopback --workload send` (or
+#     --workload: `raw-smbd`, `raw-send`, the bare verbs loops) (client
 #     and server worker in one process, as in bench.sh's row), and
 #   - ib_send_lat's server and client (two processes),
 # each at two iteration counts (ours 300 and 1500, perftest 1000 and 3000).
@@ -40,6 +41,7 @@ cd "$(dirname "$0")/.."
 
 bin=target/release/smbdirectd
 size=512
+workload=send
 top=25
 reps=3
 keep=
@@ -48,6 +50,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--bin) bin=$2; shift 2 ;;
 	--size) size=$2; shift 2 ;;
+	--workload) workload=$2; shift 2 ;;
 	--top) top=$2; shift 2 ;;
 	--reps) reps=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
@@ -88,7 +91,7 @@ else
 	for r in \$(seq $reps); do
 	for n in $n1 $n2; do
 		valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file=\$out/ours-\$n.\$r \\
-			$bin bench --provider verbs --listen \$RXE_IP:0 --loopback --workload send \\
+			$bin bench --provider verbs --listen \$RXE_IP:0 --loopback --workload $workload \\
 			--size $size --iterations \$n --warmup 0 --quiet >\$out/ours.log 2>&1 ||
 			{ echo "ours, \$n iterations, failed:" >&2; tail -20 \$out/ours.log >&2; exit 1; }
 	done
@@ -190,7 +193,8 @@ per_rt() { awk -v a="$1" -v b="$2" -v n="${3:-$((n2 - n1))}" 'BEGIN { printf "%.
 
 # Ours: 2.25 completions a round trip (each end's receive, and its Send's
 # one time in 8: the endpoint signals whole-message Sends selectively,
-# dataplane/src/endpoint.rs SIGNAL_EVERY; 4 before 490e925).
+# dataplane/src/endpoint.rs SIGNAL_EVERY; 4 before 490e925). raw-send and
+# raw-smbd signal their Sends the same way (benches/src/bench/raw_send.rs).
 # perftest: one per end (its receive; ib_send_lat signals a Send only every
 # so many).
 ours_k=2.25
@@ -220,7 +224,7 @@ echo "## User-space instructions per $size B send round trip (rxe guest, callgri
 echo
 echo "| program | instructions per round trip | per empty poll |"
 echo "|---|---|---|"
-echo "| smbdirectd bench --workload send (client and server) | $ours | $ours_e |"
+echo "| smbdirectd bench --workload $workload (client and server) | $ours | $ours_e |"
 echo "| ib_send_lat (server and client), its sample sort left out | $pt | $pts_e (server), $ptc_e (client) |"
 echo "| ib_send_lat's sample sort (left out above) | $pt_sort | |"
 echo "| ratio | $(awk -v a="$ours" -v b="$pt" 'BEGIN { printf "%.2f", a / b }') | |"
