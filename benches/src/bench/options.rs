@@ -555,9 +555,11 @@ mod tests {
 
     #[test]
     fn raw_send_needs_loopback() {
-        let e = parse(&["--connect", "127.0.0.1:445", "--workload", "raw-send"]).unwrap_err();
-        assert!(e.to_string().contains("--loopback"), "{e}");
-        assert_eq!(e.exit_code(), 2);
+        for w in ["raw-send", "raw-smbd"] {
+            let e = parse(&["--connect", "127.0.0.1:445", "--workload", w]).unwrap_err();
+            assert!(e.to_string().contains("--loopback"), "{w}: {e}");
+            assert_eq!(e.exit_code(), 2);
+        }
     }
 
     #[test]
