@@ -111,7 +111,7 @@ else
 	tar czf - -C \$out . | base64 -w0
 	EOF
 	chmod +x "$work/guest.sh"
-	echo "profile-rxe.sh: $size B send, callgrind in the rxe guest ($n1 and $n2 round trips of ours, $m1 and $m2 of perftest, $reps times each)..." >&2
+	echo "profile-rxe.sh: $size B $workload, callgrind in the rxe guest ($n1 and $n2 round trips of ours, $m1 and $m2 of perftest, $reps times each)..." >&2
 	flock /tmp/rxe-vm.lock "$RXEVM" --timeout 1200 -- "$work/guest.sh" >"$work/b64" 2>"$work/guest.err" || {
 		echo "profile-rxe.sh: the guest run failed:" >&2
 		tail -30 "$work/guest.err" >&2
