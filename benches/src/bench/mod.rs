@@ -248,26 +248,25 @@ fn run_on<P: Provider>(
                     opts.workload.name()
                 )));
             };
-            let header = opts.workload == WorkloadKind::RawSmbd;
+            let messages = raw_send::Messages {
+                size: opts.size,
+                header: opts.workload == WorkloadKind::RawSmbd,
+            };
             let echo = raw_send::RawEchoServer::start(
                 provider.clone(),
                 listen,
                 opts.server_cores.first().copied().flatten(),
                 opts.connections,
                 opts.queue_depth,
-                raw_send::Messages {
-                    size: opts.size,
-                    header,
-                },
+                messages,
                 retained,
             )?;
             let w = raw_send::RawSendWorkload::new(
                 provider.clone(),
                 echo.addr(),
-                opts.size,
+                messages,
                 opts.queue_depth,
                 opts.verify,
-                header,
                 retained,
             );
             let r = runner::run(&w, &plan, &mut progress);

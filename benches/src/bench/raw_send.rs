@@ -474,18 +474,18 @@ pub struct RawSendWorkload<'a, P: Provider> {
 }
 
 impl<'a, P: Provider> RawSendWorkload<'a, P> {
-    /// Round trips of `size` bytes, `queue_depth` outstanding per
-    /// connection, against the echo peer at `addr`; with `header`, the
-    /// `raw-smbd` shape (the echo peer started with it too).
+    /// Round trips of `messages`, `queue_depth` outstanding per
+    /// connection, against the echo peer at `addr` (started with the same
+    /// `messages`).
     pub fn new(
         provider: Arc<P>,
         addr: SocketAddr,
-        size: usize,
+        messages: Messages,
         queue_depth: u32,
         verify: bool,
-        header: bool,
         retained: &'a Retained,
     ) -> Self {
+        let Messages { size, header } = messages;
         RawSendWorkload {
             provider,
             addr,
