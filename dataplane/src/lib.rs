@@ -1,6 +1,7 @@
 //! Data plane: RDMA providers and pinned poll-mode workers (issues 3, 4).
 #![warn(missing_debug_implementations)]
 
+pub mod ab;
 pub mod capture;
 pub mod client;
 pub mod clock;

@@ -133,6 +133,10 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         eprintln!("bench: {clock}");
     }
     let r = run_chosen(opts);
+    // Built with --features ab-phases only.
+    if let Some([a, b]) = runner::take_ab() {
+        eprintln!("bench: {}", ab_line(&a, &b));
+    }
     // Built with --features latency-marks only.
     if let Some(m) = smbdirect_dataplane::marks::report() {
         eprintln!("bench: {m}");
@@ -145,6 +149,26 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         );
     }
     r
+}
+
+/// The in-run A/B line: each variant's p50 and operations, and B over A
+/// (parsed by scripts/ab-rxe.sh).
+fn ab_line(a: &hdrhistogram::Histogram<u64>, b: &hdrhistogram::Histogram<u64>) -> String {
+    let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5);
+    let ratio = if p50(a) > 0 {
+        format!("{:.4}", p50(b) as f64 / p50(a) as f64)
+    } else {
+        "-".into()
+    };
+    format!(
+        "ab-phases: A p50 {} ns ({} ops), B p50 {} ns ({} ops), B/A {ratio} \
+         (variants alternate every {} measured operations; clean with one client thread at QD 1)",
+        p50(a),
+        a.len(),
+        p50(b),
+        b.len(),
+        smbdirect_dataplane::ab::PHASE_OPS
+    )
 }
 
 fn run_chosen(opts: &BenchOptions) -> Result<Report, BenchError> {
@@ -450,5 +474,25 @@ mod tests {
         ]));
         assert!(u64::from(c.grant_slots) >= 264 * per_qp, "{c:?}");
         assert_eq!(c.grant_slots, lo.grant_slots / 2);
+    }
+
+    #[test]
+    fn the_ab_line_gives_each_variants_median_and_their_ratio() {
+        let (mut a, mut b) = (runner::histogram(), runner::histogram());
+        for v in [1000, 1000, 1000, 5000] {
+            a.record(v).expect("in bounds");
+        }
+        for v in [900, 1100, 1100] {
+            b.record(v).expect("in bounds");
+        }
+        let line = ab_line(&a, &b);
+        assert!(
+            line.starts_with(
+                "ab-phases: A p50 1000 ns (4 ops), B p50 1100 ns (3 ops), B/A 1.1000 "
+            ),
+            "{line}"
+        );
+        // No A samples: no ratio rather than a division by zero.
+        assert!(ab_line(&runner::histogram(), &b).contains("B/A - "));
     }
 }

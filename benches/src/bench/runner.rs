@@ -34,9 +34,9 @@ use super::progress::Progress;
 use super::workload::{Outcome, Session, Workload};
 use crate::baseline;
 use hdrhistogram::Histogram;
-use smbdirect_dataplane::clock;
+use smbdirect_dataplane::{ab, clock};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Largest latency the histograms hold (longer ones saturate): one hour.
@@ -111,6 +111,20 @@ impl LoopCycles {
 /// A new latency histogram (ns).
 pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("constant histogram bounds are valid")
+}
+
+/// In-run A/B ([`ab`], the `ab-phases` feature): the latency of the
+/// measured operations that ran under variant A and under variant B, summed
+/// over the client threads of the runs since the last [`take_ab`].
+static AB_HISTOGRAMS: Mutex<Option<[Histogram<u64>; 2]>> = Mutex::new(None);
+
+/// The per-variant histograms of the runs so far (None without the
+/// `ab-phases` feature), leaving none.
+pub fn take_ab() -> Option<[Histogram<u64>; 2]> {
+    AB_HISTOGRAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
 }
 
 /// Live counters of one client thread, read by the progress display.
@@ -407,8 +421,27 @@ fn client_thread<W: Workload>(
     for c in conns.iter_mut() {
         c.session.begin(t0 + plan.warmup);
     }
-    let r = drive(&mut conns, &mut hist, plan, t0, gate, counters)
-        .map(|(ops, errors, last)| (ops, errors, last.map(clock::instant_of)));
+    // In-run A/B (a build with the `ab-phases` feature): a histogram per
+    // variant, made before the measured loop like `hist`.
+    let mut ab_hists = ab::ENABLED.then(|| [histogram(), histogram()]);
+    let r = drive(
+        &mut conns,
+        &mut hist,
+        &mut ab_hists,
+        plan,
+        t0,
+        gate,
+        counters,
+    )
+    .map(|(ops, errors, last)| (ops, errors, last.map(clock::instant_of)));
+    if let Some(h) = ab_hists {
+        ab::set_variant_b(false);
+        let mut merged = AB_HISTOGRAMS.lock().unwrap_or_else(|p| p.into_inner());
+        let m = merged.get_or_insert_with(|| [histogram(), histogram()]);
+        // Same bounds everywhere: adding cannot fail.
+        let _ = m[0].add(&h[0]);
+        let _ = m[1].add(&h[1]);
+    }
     counters.drained.store(true, Ordering::Relaxed);
     let credit_stalls = conns.iter().map(|c| c.session.credit_stalls()).sum();
     close_all(conns);
@@ -434,6 +467,7 @@ fn close_all<S: Session>(conns: Vec<Conn<S>>) {
 fn drive<S: Session>(
     conns: &mut [Conn<S>],
     hist: &mut Histogram<u64>,
+    ab_hists: &mut Option<[Histogram<u64>; 2]>,
     plan: &Plan,
     t0: Instant,
     gate: &Gate,
@@ -494,7 +528,14 @@ fn drive<S: Session>(
                         Some(s) if s.busy => {
                             s.busy = false;
                             if s.measured {
-                                hist.saturating_record(now.saturating_sub(s.start).max(1));
+                                let latency = now.saturating_sub(s.start).max(1);
+                                hist.saturating_record(latency);
+                                if let Some(h) = ab_hists.as_mut() {
+                                    if let Some(p) = ab::phase_of(ops) {
+                                        h[p].saturating_record(latency);
+                                    }
+                                    ab::set_variant_b(ab::b_after(ops + 1));
+                                }
                                 ops += 1;
                                 last_done = Some(now);
                             }
