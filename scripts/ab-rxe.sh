@@ -56,9 +56,9 @@ trap 'rm -rf "$work"' EXIT
 
 # One line per run: "RUN A_NS B_NS", from bench's "ab-phases:" line.
 if [ $host = 1 ]; then
-	target="--provider soft"
+	target="--provider soft" where="this host (soft provider)"
 else
-	target="--provider verbs --listen \$RXE_IP:0"
+	target="--provider verbs --listen \$RXE_IP:0" where="the rxe guest (verbs)"
 fi
 cat >"$work/runs.sh" <<EOF
 #!/bin/bash
@@ -73,8 +73,6 @@ for r in \$(seq $runs); do
 done
 EOF
 chmod +x "$work/runs.sh"
-where="this host (soft provider)"
-[ $host = 1 ] || where="the rxe guest (verbs)"
 echo "ab-rxe.sh: $workload $size B, $runs runs of $iterations round trips in $where..." >&2
 if [ $host = 1 ]; then
 	"$work/runs.sh" >"$work/out"
