@@ -21,7 +21,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use smbdirect_protocol::smb2::{
-    compound, emit_message, HeaderRepr, RequestBody, ResponseBody, HEADER_LEN,
+    compound, emit_message, HeaderRepr, Message, RequestBody, HEADER_LEN,
 };
 use smbdirect_protocol::sqos::{StorageQosControlRequest, FSCTL_STORAGE_QOS_CONTROL};
 
@@ -29,7 +29,7 @@ fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// Emits `header` (NextCommand 0) and `body` and decodes the result again.
+/// Emits `header` (NextCommand 0) and `body`: the bytes.
 fn round_trip(header: &HeaderRepr, body: &dyn smbdirect_protocol::smb2::Smb2Body) -> Vec<u8> {
     let mut h = *header;
     h.next_command = 0;
@@ -40,6 +40,19 @@ fn round_trip(header: &HeaderRepr, body: &dyn smbdirect_protocol::smb2::Smb2Body
     };
     buf.truncate(n);
     buf
+}
+
+/// Decodes `again` (what [`round_trip`] wrote for `header`) as one message
+/// and checks its header is `header` with NextCommand 0.
+fn reread<'b>(header: &HeaderRepr, again: &'b [u8]) -> Message<'b> {
+    let m = compound(again)
+        .next()
+        .expect("one message")
+        .unwrap_or_else(|e| panic!("re-emitted header refused: {e:?}"));
+    let mut h = *header;
+    h.next_command = 0;
+    assert_eq!(h, *m.header(), "header changed by a round trip");
+    m
 }
 
 fn walk_request(body: &RequestBody<'_>) {
@@ -94,18 +107,7 @@ fuzz_target!(|data: &[u8]| {
                 continue;
             };
             let again = round_trip(&header, body.as_body());
-            let m2 = compound(&again)
-                .next()
-                .expect("one message")
-                .unwrap_or_else(|e| panic!("re-emitted header refused: {e:?}"));
-            let mut h1 = header;
-            h1.next_command = 0;
-            let mut h2 = *m2.header();
-            // emit keeps SMB2_FLAGS_ASYNC_COMMAND in step with the id: the
-            // decoded header already is.
-            h2.next_command = 0;
-            assert_eq!(h1, h2, "header changed by a round trip");
-            let b2: ResponseBody<'_> = m2
+            let b2 = reread(&header, &again)
                 .response_body()
                 .unwrap_or_else(|e| panic!("re-emitted response refused: {e:?}\n{body:?}"));
             assert_eq!(body, b2, "response body changed by a round trip");
@@ -115,14 +117,7 @@ fuzz_target!(|data: &[u8]| {
             };
             walk_request(&body);
             let again = round_trip(&header, body.as_body());
-            let m2 = compound(&again)
-                .next()
-                .expect("one message")
-                .unwrap_or_else(|e| panic!("re-emitted header refused: {e:?}"));
-            let mut h1 = header;
-            h1.next_command = 0;
-            assert_eq!(h1, *m2.header(), "header changed by a round trip");
-            let b2 = m2
+            let b2 = reread(&header, &again)
                 .request_body()
                 .unwrap_or_else(|e| panic!("re-emitted request refused: {e:?}\n{body:?}"));
             assert_eq!(body, b2, "request body changed by a round trip");
