@@ -34,8 +34,7 @@ pub const SETTLE_OPS: u64 = 5;
 /// Which variant the `n`-th measured operation (from 0) ran under, 0 for A
 /// and 1 for B; None for one of the first [`SETTLE_OPS`] of its phase.
 pub fn phase_of(n: u64) -> Option<usize> {
-    let phase = ((n / PHASE_OPS) % 2) as usize;
-    (n % PHASE_OPS >= SETTLE_OPS).then_some(phase)
+    (n % PHASE_OPS >= SETTLE_OPS).then_some(usize::from(b_after(n)))
 }
 
 /// The variant the next operation runs under, once `done` measured
