@@ -281,6 +281,7 @@ impl<P: Provider> Client<P> {
         on_msg: &mut dyn FnMut(&[u8], Option<u32>),
     ) -> Result<bool, ClientError> {
         let now = clock.tick();
+        ep.prefetch_next_receive();
         let n = cq.poll(wcs);
         let detected = marks::now();
         clock.busy = n > 0;

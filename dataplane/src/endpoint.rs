@@ -1261,6 +1261,7 @@ macro_rules! poster {
             pool: &$ep.pool,
             mr: $ep.mr,
             posted: &mut $ep.recv_posted,
+            trail: &mut $ep.recv_trail,
             stats: &mut $ep.stats,
         }
     };
@@ -1365,7 +1366,60 @@ struct Poster<'a, Q: QueuePair> {
     pool: &'a BufferPool,
     mr: MemoryRegion,
     posted: &'a mut u16,
+    trail: &'a mut RecvTrail,
     stats: &'a mut EndpointStats,
+}
+
+/// The addresses of the posted receives, in posting order, for the idle
+/// poll loop's hint ([`Endpoint::prefetch_next_receive`]): a reliable
+/// connection's receive queue is consumed in order, so the peer's next Send
+/// lands in the oldest receive still posted.
+#[derive(Debug)]
+struct RecvTrail {
+    /// `addrs[i & mask]` is the address of the `i`th receive posted (0 when
+    /// someone else posted it).
+    addrs: Box<[u64]>,
+    mask: u64,
+    posted: u64,
+    done: u64,
+}
+
+impl RecvTrail {
+    /// Room for `capacity` receives posted at once (rounded up to a power
+    /// of two); past that [`RecvTrail::next`] knows nothing.
+    fn new(capacity: usize) -> Self {
+        let n = capacity.max(2).next_power_of_two();
+        RecvTrail {
+            addrs: vec![0; n].into_boxed_slice(),
+            mask: n as u64 - 1,
+            posted: 0,
+            done: 0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, addr: u64) {
+        self.addrs[(self.posted & self.mask) as usize] = addr;
+        self.posted += 1;
+    }
+
+    /// The oldest receive completed (successfully or flushed).
+    #[inline]
+    fn pop(&mut self) {
+        if self.done < self.posted {
+            self.done += 1;
+        }
+    }
+
+    /// The address of the oldest receive still posted, if known.
+    #[inline]
+    fn next(&self) -> Option<u64> {
+        let waiting = self.posted - self.done;
+        if waiting == 0 || waiting > self.mask + 1 {
+            return None;
+        }
+        Some(self.addrs[(self.done & self.mask) as usize]).filter(|&a| a != 0)
+    }
 }
 
 impl<Q: QueuePair> ReceivePoster for Poster<'_, Q> {
@@ -1406,6 +1460,9 @@ impl<Q: QueuePair> ReceivePoster for Poster<'_, Q> {
                 }
                 break;
             }
+            for w in &wrs[..n] {
+                self.trail.push(w.sge.addr);
+            }
             done += n as u16;
             *self.posted += n as u16;
             self.stats.receives_posted += n as u64;
@@ -1436,6 +1493,8 @@ pub struct Endpoint<Q: QueuePair> {
     mr: MemoryRegion,
     /// Receives currently posted (returned by flush completions on teardown).
     recv_posted: u16,
+    /// Where those receives are, oldest first.
+    recv_trail: RecvTrail,
     /// Sends in flight, in posting order (their buffers return when they
     /// are retired).
     sends: SendRing,
@@ -1469,11 +1528,15 @@ pub struct Endpoint<Q: QueuePair> {
 impl<Q: QueuePair> Endpoint<Q> {
     /// Binds `conn` to `qp`. `mr` is the registration of `pool`'s region.
     pub fn new(qp: Q, conn: Connection, pool: BufferPool, mr: MemoryRegion) -> Self {
+        // At most receive_credit_max + 1 receives are posted at once
+        // ([MS-SMBD] 3.1.1.1, and the negotiate receive before it).
+        let recv_trail = RecvTrail::new(usize::from(conn.config().receive_credit_max) + 1);
         Endpoint {
             qp,
             conn,
             mr,
             recv_posted: 0,
+            recv_trail,
             // One more than the deepest send queue: the drain marker.
             sends: SendRing::new(SEND_RING + 1),
             signal_every: SIGNAL_EVERY,
@@ -1712,6 +1775,9 @@ impl<Q: QueuePair> Endpoint<Q> {
     /// before the endpoint existed (with ids from [`recv_wr_id`]).
     pub fn assume_posted_receives(&mut self, n: u16) {
         self.recv_posted += n;
+        for _ in 0..n {
+            self.recv_trail.push(0);
+        }
         self.stats.receives_posted += n as u64;
     }
 
@@ -1739,6 +1805,28 @@ impl<Q: QueuePair> Endpoint<Q> {
         e
     }
 
+    /// Starts fetching the first line of the receive buffer the peer's next
+    /// Send lands in: the line [MS-SMBD] 3.1.5.5's checks read first, once
+    /// the receive completes. Poll loops call it just before they poll the
+    /// completion queue, so that when a message has arrived the core
+    /// fetches its header line and its completion together instead of one
+    /// after the other (as a NIC driver prefetches its next receive
+    /// descriptor). A hint: it changes nothing a program can observe.
+    ///
+    /// On the soft provider, `send` 512 B, in-run A/B (`scripts/ab-rxe.sh
+    /// --host --runs 8 --iterations 100000`), p50 B/A 0.976-0.992 over 8
+    /// runs, B lower in 8 of 8 (about 25 ns of a 1.2 µs round trip); in
+    /// the Soft-RoCE guest, where TCG makes a prefetch a no-op, 0.979-1.016,
+    /// median 1.000. Prefetching every line of the last message's length
+    /// instead was 17 % slower: the lines the peer is about to write bounce
+    /// between the cores.
+    #[inline]
+    pub fn prefetch_next_receive(&self) {
+        if let Some(a) = self.recv_trail.next() {
+            crate::hint::prefetch(a as *const u8);
+        }
+    }
+
     /// Handles one completion of this queue pair. A complete upper-layer
     /// message comes back as a [`Delivery`].
     pub fn on_completion(
@@ -1760,6 +1848,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             }
             KIND_RECV => {
                 self.recv_posted = self.recv_posted.saturating_sub(1);
+                self.recv_trail.pop();
                 if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
                     let _ = alloc.free(buf);
                     if self.failed.is_none() {
@@ -1974,6 +2063,7 @@ impl<Q: QueuePair> Endpoint<Q> {
             conn,
             rdma,
             recv_posted,
+            recv_trail,
             stats,
             sends,
             signal_every,
@@ -2071,6 +2161,7 @@ impl<Q: QueuePair> Endpoint<Q> {
                     pool,
                     mr,
                     posted: &mut *recv_posted,
+                    trail: &mut *recv_trail,
                     stats: &mut *stats,
                 };
                 let in_place = (*in_place_sends
@@ -3431,6 +3522,63 @@ mod tests {
         // SAFETY: `id` was just allocated and is exclusively ours.
         unsafe { r.pool.bytes_mut(id) }.unwrap()[..msg.len()].copy_from_slice(&msg);
         (id, msg)
+    }
+
+    #[test]
+    fn the_receive_trail_names_the_oldest_posted_receive_until_it_overflows() {
+        let mut t = RecvTrail::new(3);
+        assert_eq!(t.mask, 3, "rounded up to a power of two");
+        assert_eq!(t.next(), None, "nothing posted");
+        t.push(0x1000);
+        t.push(0); // posted by someone else: address unknown
+        t.push(0x3000);
+        assert_eq!(t.next(), Some(0x1000));
+        t.pop();
+        assert_eq!(t.next(), None, "the unknown one is next");
+        t.pop();
+        assert_eq!(t.next(), Some(0x3000));
+        t.push(0x4000);
+        t.push(0x5000);
+        t.push(0x6000);
+        assert_eq!(
+            t.next(),
+            Some(0x3000),
+            "four waiting: the ring is full, not wrapped"
+        );
+        t.push(0x7000);
+        assert_eq!(t.next(), None, "five waiting in four slots: not known");
+        t.pop();
+        assert_eq!(t.next(), Some(0x4000));
+        for _ in 0..10 {
+            t.pop();
+        }
+        assert_eq!(t.next(), None, "all completed; extra pops do not underflow");
+        t.push(0x8000);
+        assert_eq!(t.next(), Some(0x8000));
+    }
+
+    #[test]
+    fn the_endpoint_prefetches_a_receive_buffer_it_posted() {
+        let mut r = established_rig();
+        assert!(r.ep.recv_posted > 1);
+        let mr = r.ep.mr;
+        let inside = |a: u64| a >= mr.addr && a < mr.addr + mr.len;
+        let first = r.ep.recv_trail.next().expect("receives are posted");
+        assert!(inside(first), "{first:#x} outside the pool region");
+        // One receive completes: the trail moves to the next one posted.
+        match deliver(&mut r, &fragment(10, 0)) {
+            Ok(Some(Event::Message(d))) => r.ep.release(d, &mut r.alloc),
+            other => panic!("expected a message, got {other:?}"),
+        }
+        let second = r.ep.recv_trail.next().expect("receives are posted");
+        assert!(inside(second));
+        assert_ne!(first, second);
+        assert_eq!(
+            r.ep.recv_trail.posted - r.ep.recv_trail.done,
+            u64::from(r.ep.recv_posted),
+            "the trail counts what the endpoint counts"
+        );
+        r.ep.prefetch_next_receive();
     }
 
     #[test]

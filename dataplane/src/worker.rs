@@ -473,6 +473,12 @@ impl<P: Provider, U: UpperLayer> Worker<P, U> {
                 idle_iterations += 1;
             }
             let mut work = false;
+            // The connection heard from last is the likeliest to hear again.
+            if let Some((_, i)) = self.last_qp {
+                if let Some(slot) = self.slots[i].as_ref() {
+                    slot.ep.prefetch_next_receive();
+                }
+            }
             let n = self.cq.poll(&mut wcs);
             if n > 0 {
                 work = true;
