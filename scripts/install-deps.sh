@@ -8,6 +8,7 @@ PKGS=(
   libibverbs-dev   # rdma-core verbs headers and libibverbs (verbs provider)
   librdmacm-dev    # rdma-core connection manager (verbs provider)
   libclang-dev     # bindgen, used by the rdma-sys crate
+  g++              # libFuzzer's driver, built by scripts/fuzz-check.sh (fuzz/)
   ibverbs-providers
   tshark           # decodes --capture files in the tests (Debian 12: tshark 4.0)
 )
